@@ -1,0 +1,3 @@
+from mailbag.cli import app
+
+app(prog_name="mailbag")

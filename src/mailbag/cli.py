@@ -1,0 +1,240 @@
+"""The `mailbag` command: parse arguments, call a service, print the answer.
+
+Bad input exits with status 2 and a message on stderr, having written nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from datetime import datetime, timedelta
+from typing import Annotated, Any, NoReturn
+
+import typer
+from sqlalchemy import Engine
+
+from mailbag import templates
+from mailbag.clock import utcnow
+from mailbag.domain import states
+from mailbag.domain.message import InvalidMessage, new_message
+from mailbag.domain.states import Status
+from mailbag.services import outbox as outbox_service
+from mailbag.settings import Settings
+from mailbag.store import migrate as migrations
+from mailbag.store import outbox as store
+from mailbag.store.database import dialect_of, make_engine
+from mailbag.store.plan import run
+
+app = typer.Typer(
+    name="mailbag",
+    help="Transactional email through an outbox: enqueue in your transaction, sent exactly once.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"mailbag: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except Exception as exc:  # pydantic's ValidationError or a bad URL: say it, don't trace
+        fail(f"invalid settings: {exc}")
+
+
+def migrated_engine(settings: Settings) -> Engine:
+    engine = make_engine(settings.database_url)
+    migrations.upgrade(engine)
+    return engine
+
+
+def parse_id(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        fail(f"{value!r} is not a message id (a UUID)")
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the database schema (serve and worker do this themselves)."""
+    settings = load_settings()
+    migrated_engine(settings)
+    typer.echo(f"schema at revision {migrations.head_revision()}")
+
+
+@app.command()
+def enqueue(
+    to: Annotated[str, typer.Option(help="Recipient address.")],
+    template: Annotated[str, typer.Option(help="Template name, e.g. welcome.")],
+    data: Annotated[str, typer.Option(help="Template data as a JSON object.")] = "{}",
+    key: Annotated[
+        str | None, typer.Option(help="Idempotency key: the same key, the same message.")
+    ] = None,
+    subject: Annotated[str | None, typer.Option(help="Overrides the template's subject.")] = None,
+    to_name: Annotated[str | None, typer.Option(help="Recipient display name.")] = None,
+    sender: Annotated[
+        str | None, typer.Option("--from", help="Sender address (default FROM_EMAIL).")
+    ] = None,
+    tenant: Annotated[str, typer.Option(help="Tenant the message belongs to.")] = "default",
+    header: Annotated[
+        list[str] | None, typer.Option(help="Extra header 'Name: value' (repeatable).")
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Tag (repeatable).")] = None,
+    send_at: Annotated[
+        str | None, typer.Option(help="ISO 8601 time to send at (with zone).")
+    ] = None,
+) -> None:
+    """Put one email into the outbox and print its id."""
+    settings = load_settings()
+    try:
+        template_data = json.loads(data)
+    except json.JSONDecodeError as exc:
+        fail(f"--data is not valid JSON: {exc}")
+    headers: dict[str, str] = {}
+    for item in header or []:
+        name, sep, value = item.partition(":")
+        if not sep:
+            fail(f"--header {item!r} must look like 'Name: value'")
+        headers[name.strip()] = value.strip()
+    when = None
+    if send_at is not None:
+        try:
+            when = datetime.fromisoformat(send_at)
+        except ValueError:
+            fail(f"--send-at {send_at!r} is not an ISO 8601 time")
+    try:
+        catalog = templates.load(settings.templates_dir)
+        message = new_message(
+            to=to,
+            template=template,
+            data=template_data,
+            idempotency_key=key,
+            subject=subject,
+            to_name=to_name,
+            from_address=sender,
+            tenant_id=tenant,
+            headers=headers,
+            tags=tag or [],
+            send_at=when,
+            known_templates=catalog.names(),
+        )
+    except (InvalidMessage, templates.TemplateError) as exc:
+        fail(f"invalid message: {exc}")
+    engine = migrated_engine(settings)
+    with engine.begin() as conn:
+        (result,) = outbox_service.enqueue_many(
+            conn, [message], max_attempts=settings.max_attempts, actor="cli"
+        )
+    if not result.created:
+        typer.echo(f"(key {key!r} already enqueued: {result.message.status})", err=True)
+    typer.echo(str(result.message.id))
+
+
+@app.command()
+def stats(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Count messages by state."""
+    settings = load_settings()
+    engine = migrated_engine(settings)
+    with engine.connect() as conn:
+        counts = run(conn, store.count_by_status())
+    everything = {status.value: counts.get(status.value, 0) for status in Status}
+    if as_json:
+        typer.echo(json.dumps(everything))
+        return
+    for status, count in everything.items():
+        typer.echo(f"{status:<12}{count:>10}")
+
+
+@app.command()
+def requeue(
+    message_id: Annotated[str | None, typer.Argument(help="The message to send again.")] = None,
+    state: Annotated[
+        str | None, typer.Option(help="Requeue every message in this state (unknown or dead).")
+    ] = None,
+) -> None:
+    """Send unknown or dead messages again (an operator's decision, never automatic)."""
+    settings = load_settings()
+    allowed = {s.value for s in states.sources(states.Action.REQUEUE)}
+    if (message_id is None) == (state is None):
+        fail("give a message id or --state, not both")
+    if state is not None and state not in allowed:
+        fail(f"--state must be one of {sorted(allowed)}")
+    where = (
+        store.om.c.id == parse_id(message_id)
+        if message_id is not None
+        else store.om.c.status == state
+    )
+    engine = migrated_engine(settings)
+    with engine.begin() as conn:
+        changed = run(
+            conn,
+            store.requeue(
+                dialect_of(settings.database_url),
+                where=where,
+                now=utcnow(),
+                actor="operator:cli",
+                extra_attempts=settings.max_attempts,
+            ),
+        )
+    if message_id is not None and not changed:
+        fail(f"message {message_id} is not unknown or dead (or does not exist)", code=1)
+    typer.echo(f"requeued {len(changed)} message(s)")
+
+
+@app.command()
+def cancel(message_id: Annotated[str, typer.Argument(help="A pending message.")]) -> None:
+    """Withdraw a pending message before any attempt."""
+    settings = load_settings()
+    engine = migrated_engine(settings)
+    with engine.begin() as conn:
+        changed = run(
+            conn,
+            store.cancel(
+                dialect_of(settings.database_url),
+                where=store.om.c.id == parse_id(message_id),
+                now=utcnow(),
+                actor="operator:cli",
+            ),
+        )
+    if not changed:
+        fail(f"message {message_id} is not pending (or does not exist)", code=1)
+    typer.echo(f"cancelled {message_id}")
+
+
+def parse_age(value: str) -> timedelta:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = value[:-1], value[-1:]
+    if unit not in units or not number.isdigit():
+        fail(f"{value!r} is not an age like 30d, 12h or 90m")
+    return timedelta(seconds=int(number) * units[unit])
+
+
+@app.command()
+def purge(
+    older_than: Annotated[str, typer.Option(help="Age like 30d, 12h or 90m.")] = "30d",
+) -> None:
+    """Delete finished messages (sent, failed, dead, cancelled) last changed before the cutoff."""
+    settings = load_settings()
+    cutoff = utcnow() - parse_age(older_than)
+    engine = migrated_engine(settings)
+    dialect = dialect_of(settings.database_url)
+    total = 0
+    while True:
+        with engine.begin() as conn:
+            deleted = run(conn, store.purge(dialect, older_than=cutoff))
+        total += deleted
+        if deleted < 1000:
+            break
+    typer.echo(f"purged {total} message(s)")
+
+
+def main() -> None:  # pragma: no cover - the console script calls app() directly
+    sys.exit(app())

@@ -1,0 +1,1 @@
+"""Use cases: they own transactions and call the store; no SQL text, no HTTP here."""

@@ -1,0 +1,127 @@
+"""Enqueueing: the outbox's front door, usable inside the caller's own transaction.
+
+    with engine.begin() as conn:                 # the application's transaction
+        conn.execute(insert(users).values(...))
+        mailbag.enqueue(conn, to="ada@example.com", template="welcome",
+                        data={"name": "Ada"}, idempotency_key=f"welcome-{user_id}")
+
+Nothing here commits: the email exists exactly when the caller's transaction commits. A
+duplicate idempotency key returns the message already there and leaves the transaction
+usable. The same works with an `AsyncConnection` through `enqueue_async`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from mailbag import wakeup
+from mailbag.clock import utcnow
+from mailbag.domain.message import NewMessage, new_message
+from mailbag.domain.policy import RetryPolicy
+from mailbag.store import outbox as store
+from mailbag.store.database import Dialect, dialect_of
+from mailbag.store.outbox import Enqueued
+from mailbag.store.plan import run, run_async
+
+DEFAULT_MAX_ATTEMPTS = RetryPolicy().max_attempts
+
+
+def _dialect(conn: Connection | AsyncConnection) -> Dialect:
+    # Whatever driver the caller's engine uses, the SQL only depends on the database.
+    return dialect_of(f"{conn.dialect.name}://")
+
+
+def enqueue_many(
+    conn: Connection,
+    messages: Sequence[NewMessage],
+    *,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    actor: str = "app",
+    now: datetime | None = None,
+    suppressed: frozenset[tuple[str, str]] = frozenset(),
+) -> list[Enqueued]:
+    plan = store.enqueue(
+        _dialect(conn),
+        messages,
+        now=now or utcnow(),
+        default_max_attempts=max_attempts,
+        actor=actor,
+        suppressed=suppressed,
+    )
+    results = run(conn, plan)
+    if any(r.created for r in results):
+        wakeup.notify_after_commit(conn)
+    return results
+
+
+async def enqueue_many_async(
+    conn: AsyncConnection,
+    messages: Sequence[NewMessage],
+    *,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    actor: str = "app",
+    now: datetime | None = None,
+    suppressed: frozenset[tuple[str, str]] = frozenset(),
+) -> list[Enqueued]:
+    plan = store.enqueue(
+        _dialect(conn),
+        messages,
+        now=now or utcnow(),
+        default_max_attempts=max_attempts,
+        actor=actor,
+        suppressed=suppressed,
+    )
+    results = await run_async(conn, plan)
+    if any(r.created for r in results):
+        wakeup.notify_after_commit(conn.sync_connection)  # type: ignore[arg-type]
+    return results
+
+
+def enqueue(
+    conn: Connection,
+    *,
+    to: str,
+    template: str,
+    data: dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    known_templates: Collection[str] | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    **fields: Any,
+) -> Enqueued:
+    """Validate one message and add it to the outbox in the caller's transaction."""
+    message = new_message(
+        to=to,
+        template=template,
+        data=data,
+        idempotency_key=idempotency_key,
+        known_templates=known_templates,
+        **fields,
+    )
+    return enqueue_many(conn, [message], max_attempts=max_attempts)[0]
+
+
+async def enqueue_async(
+    conn: AsyncConnection,
+    *,
+    to: str,
+    template: str,
+    data: dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    known_templates: Collection[str] | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    **fields: Any,
+) -> Enqueued:
+    message = new_message(
+        to=to,
+        template=template,
+        data=data,
+        idempotency_key=idempotency_key,
+        known_templates=known_templates,
+        **fields,
+    )
+    return (await enqueue_many_async(conn, [message], max_attempts=max_attempts))[0]

@@ -1,0 +1,108 @@
+"""Settings: environment variables with the MAILBAG_ prefix, or a TOML file.
+
+The TOML file is `mailbag.toml` in the working folder, or the path in MAILBAG_CONFIG; its
+keys are the setting names in lower case (`database_url = "..."`). The environment wins.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from mailbag.domain.policy import RetryPolicy
+from mailbag.store.database import dialect_of
+
+ProviderName = str  # one of the registered providers: console, file, smtp, ses, brevo, ...
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MAILBAG_", extra="ignore")
+
+    database_url: str = "sqlite:///mailbag.db"
+
+    provider: ProviderName = "file"
+    file_dir: Path = Path("mail")
+    from_email: str = "mailbag@localhost"
+    from_name: str = "mailbag"
+    templates_dir: Path | None = None
+
+    smtp_host: str = "localhost"
+    smtp_port: int = 25
+    smtp_username: str | None = None
+    smtp_password: SecretStr | None = None
+    # auto: STARTTLS when the server offers it; starttls: required; implicit: TLS from the
+    # first byte (port 465); none: plain text.
+    smtp_tls: Literal["auto", "starttls", "implicit", "none"] = "auto"
+    smtp_timeout: float = 30.0
+
+    ses_region: str = "us-east-1"
+    ses_endpoint_url: str | None = None
+    ses_configuration_set: str | None = None
+
+    brevo_api_key: SecretStr | None = None
+    brevo_base_url: str = "https://api.brevo.com"
+    brevo_timeout: float = 30.0
+
+    lease_seconds: float = Field(120.0, gt=0)
+    max_attempts: int = Field(5, ge=1)
+    retry_base_seconds: float = Field(300.0, gt=0)
+    retry_multiplier: float = Field(5.0, ge=1)
+    retry_cap_seconds: float = Field(6 * 3600.0, gt=0)
+    batch_size: int = Field(100, ge=1, le=10_000)
+    concurrency: int = Field(32, ge=1, le=10_000)
+    poll_interval: float = Field(1.0, gt=0)
+    shutdown_grace: float = Field(30.0, ge=0)
+    worker_id: str = Field(default_factory=default_worker_id)
+
+    admin_password: SecretStr | None = None
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: str) -> str:
+        dialect_of(value)  # raises UnsupportedDatabase with a clear message
+        return value
+
+    @cached_property
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.max_attempts,
+            base=timedelta(seconds=self.retry_base_seconds),
+            multiplier=self.retry_multiplier,
+            cap=timedelta(seconds=max(self.retry_cap_seconds, self.retry_base_seconds)),
+        )
+
+    @property
+    def lease(self) -> timedelta:
+        return timedelta(seconds=self.lease_seconds)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = Path(os.environ.get("MAILBAG_CONFIG", "mailbag.toml"))
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_file=toml_file),
+        )

@@ -1,0 +1,657 @@
+"""Every state change of an outbox message, as SQL you can read in one place.
+
+Each change is ONE conditional UPDATE guarded by the states the domain's transition table
+allows (and, for finalizes, by the claim token). It returns the rows it changed, and the
+same transaction appends one `message_events` row per change. Dialects differ in one
+place, `_transition`:
+
+- PostgreSQL: `WITH locked AS (SELECT ... FOR UPDATE [SKIP LOCKED]) UPDATE ... FROM locked
+  RETURNING ...`, one statement that also reports each row's previous state;
+- SQLite: the candidate SELECT and a conditional `UPDATE ... RETURNING` inside one
+  BEGIN IMMEDIATE transaction (SQLite has one writer at a time, so nothing runs between);
+- MariaDB/MySQL (no `UPDATE ... RETURNING`): `SELECT ... FOR UPDATE [SKIP LOCKED]`, then the
+  conditional `UPDATE` of the locked ids, then a read of the result, in one short transaction.
+
+Nothing here holds a transaction across provider I/O: callers claim, commit, send, then
+finalize in a new transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Row,
+    and_,
+    case,
+    delete,
+    func,
+    insert,
+    literal,
+    literal_column,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import mysql as mysql_dialect
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from mailbag.domain import states
+from mailbag.domain.ids import uuid7
+from mailbag.domain.message import Message, NewMessage, truncate_error
+from mailbag.domain.states import Action, Status
+from mailbag.store.database import Dialect
+from mailbag.store.plan import Plan, Step
+from mailbag.store.schema import message_events, outbox_messages
+from mailbag.store.types import UTCDateTime
+
+om = outbox_messages
+NOTIFY_CHANNEL = "mailbag_outbox"
+# MariaDB's generated stand-in for the partial claim index (see schema.py).
+_MYSQL_CLAIMABLE_AT = literal_column("claimable_at", UTCDateTime())
+LEASE_EXPIRED = "lease expired before the send was finalized; the provider may have accepted it"
+
+
+@dataclass(frozen=True)
+class Changed:
+    """A row an operation changed, as it is now, and the state it left."""
+
+    message: Message
+    from_status: Status
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    message: Message
+    created: bool  # False: the idempotency key was taken; `message` is the one already there
+
+
+@dataclass(frozen=True)
+class Claim:
+    token: uuid.UUID
+    messages: list[Message]
+
+
+@dataclass(frozen=True)
+class Finalization:
+    """What a worker learned about one claimed message, as the domain decided it."""
+
+    message_id: uuid.UUID
+    action: Action  # MARK_SENT, RETRY, FAIL, BURY, MARK_UNKNOWN or RELEASE
+    provider_message_id: str | None = None
+    error: str | None = None
+    next_attempt_at: datetime | None = None
+    # A retry that reuses the provider idempotency key of an ambiguous send: the attempt is
+    # not spent, so the next one carries the same number and therefore the same key, and
+    # `ambiguous_since` records when that key was first used.
+    keep_attempt: bool = False
+    ambiguous_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Finalized:
+    changed: list[Changed]
+    stale: list[uuid.UUID] = field(default_factory=list)  # the claim was no longer ours
+
+
+FINALIZE_ACTIONS = frozenset(
+    {Action.MARK_SENT, Action.RETRY, Action.FAIL, Action.BURY, Action.MARK_UNKNOWN, Action.RELEASE}
+)
+_FINALIZE_DETAIL: dict[Action, Callable[[Message], str | None]] = {
+    Action.MARK_SENT: lambda m: None,
+    Action.RELEASE: lambda m: "released unsent; no attempt spent",
+}
+_CLAIM_CLEARED: dict[str, Any] = {
+    "claim_token": None,
+    "claimed_by": None,
+    "claimed_at": None,
+    "lease_expires_at": None,
+}
+
+
+# --- the one mechanism every state change goes through -------------------------------------
+
+
+def _in_states(statuses: frozenset[Status]) -> ColumnElement[bool]:
+    # Literals, not bound parameters: PostgreSQL can only match a partial index whose
+    # predicate it can prove from the query text, including under generic prepared plans.
+    return om.c.status.in_([literal_column(f"'{s.value}'") for s in sorted(statuses)])
+
+
+def _allowed_by(action: Action) -> ColumnElement[bool]:
+    return _in_states(states.sources(action))
+
+
+def _message(row: Row[Any]) -> Message:
+    mapping = row._mapping
+    return Message(**{column.name: mapping[column.name] for column in om.columns})
+
+
+def _transition(
+    dialect: Dialect,
+    action: Action,
+    *,
+    where: ColumnElement[bool],
+    values: Mapping[str, Any],
+    now: datetime,
+    actor: str,
+    order_by: Sequence[ColumnElement[Any]] = (),
+    limit: int | None = None,
+    skip_locked: bool = False,
+    event_attempt: Callable[[Message], int] = lambda m: m.attempt_count,
+    event_detail: Callable[[Message], str | None] = lambda m: None,
+) -> Plan[list[Changed]]:
+    """Apply `values` to the rows matching `where` (and allowed by `action`), log the events."""
+    guard = and_(_allowed_by(action), where)
+    values = {**values, "updated_at": now}
+    candidates = select(om.c.id, om.c.status.label("from_status")).where(guard)
+    if order_by:
+        candidates = candidates.order_by(*order_by)
+    if limit is not None:
+        candidates = candidates.limit(limit)
+
+    if dialect == "postgresql":
+        locked = candidates.with_for_update(skip_locked=skip_locked).cte("locked")
+        statement = (
+            update(om)
+            .where(om.c.id == locked.c.id)
+            .values(values)
+            .returning(*om.c, locked.c.from_status)
+        )
+        rows = (yield Step(statement)).all()
+        from_status = {row.id: Status(row.from_status) for row in rows}
+    else:
+        if dialect == "mysql":
+            candidates = candidates.with_for_update(skip_locked=skip_locked)
+        picked = (yield Step(candidates)).all()
+        if not picked:
+            return []
+        from_status = {row.id: Status(row.from_status) for row in picked}
+        ids = list(from_status)
+        guarded = update(om).where(om.c.id.in_(ids), guard).values(values)
+        if dialect == "sqlite":
+            rows = (yield Step(guarded.returning(*om.c))).all()
+        else:
+            yield Step(guarded)
+            rows = (yield Step(select(om).where(om.c.id.in_(ids)))).all()
+
+    changed = [Changed(_message(row), from_status[row.id]) for row in rows]
+    if changed:
+        yield Step(
+            insert(message_events),
+            [
+                _event(
+                    c.message.id,
+                    c.from_status,
+                    c.message.status,
+                    now,
+                    actor,
+                    event_attempt(c.message),
+                    c.message.provider_message_id,
+                    event_detail(c.message),
+                )
+                for c in changed
+            ],
+        )
+    return changed
+
+
+def _event(
+    message_id: uuid.UUID,
+    from_status: Status | None,
+    to_status: str,
+    at: datetime,
+    actor: str,
+    attempt: int,
+    provider_message_id: str | None,
+    detail: str | None,
+) -> dict[str, Any]:
+    return {
+        "message_id": message_id,
+        "from_status": from_status.value if from_status else None,
+        "to_status": to_status,
+        "at": at,
+        "actor": actor[:200],
+        "attempt": attempt,
+        "provider_message_id": provider_message_id,
+        "detail": truncate_error(detail),
+    }
+
+
+def _per_row(values: Mapping[uuid.UUID, Any], type_: Any, keep: Any = None) -> Any:
+    """`CASE id WHEN ... THEN ... END`: per-row values in one set-based UPDATE.
+
+    Rows whose value is None keep `keep` (the column's current value) when it is given.
+    """
+    if keep is not None:
+        values = {key: value for key, value in values.items() if value is not None}
+        if not values:
+            return keep
+    distinct = {repr(value) for value in values.values()}
+    if len(distinct) == 1 and keep is None:
+        return literal(next(iter(values.values())), type_)
+    whens = {key: literal(value, type_) for key, value in values.items()}
+    return case(whens, value=om.c.id, else_=keep if keep is not None else literal(None, type_))
+
+
+# --- enqueue ---------------------------------------------------------------------------------
+
+
+def enqueue(
+    dialect: Dialect,
+    messages: Sequence[NewMessage],
+    *,
+    now: datetime,
+    default_max_attempts: int,
+    actor: str = "api",
+    suppressed: frozenset[tuple[str, str]] = frozenset(),
+) -> Plan[list[Enqueued]]:
+    """Insert messages, idempotently by (tenant, key), without ever aborting the transaction.
+
+    A taken key is skipped by the database (ON CONFLICT DO NOTHING / ON DUPLICATE KEY) rather
+    than raised and caught, so the caller's transaction stays usable; the message that holds
+    the key is read back and returned with `created=False`. Messages to a (tenant, address)
+    in `suppressed` are written as `failed` at once, never offered to a provider.
+    """
+    if not messages:
+        return []
+    rows = [
+        _new_row(m, now, default_max_attempts, (m.tenant_id, m.to_address) in suppressed)
+        for m in messages
+    ]
+    yield Step(_insert_ignoring_taken_keys(dialect), rows)
+
+    taken_by: dict[tuple[str, str], Message] = {}
+    keys_by_tenant: dict[str, list[str]] = defaultdict(list)
+    for m in messages:
+        if m.idempotency_key is not None:
+            keys_by_tenant[m.tenant_id].append(m.idempotency_key)
+    for tenant_id, keys in keys_by_tenant.items():
+        lookup = select(om).where(om.c.tenant_id == tenant_id, om.c.idempotency_key.in_(keys))
+        if dialect == "mysql":
+            # A locking read sees the row a concurrent enqueue committed, whatever the
+            # caller's isolation level and snapshot.
+            lookup = lookup.with_for_update(read=True)
+        for row in (yield Step(lookup)).all():
+            taken_by[(row.tenant_id, row.idempotency_key)] = _message(row)
+
+    results: list[Enqueued] = []
+    for m, new_row in zip(messages, rows, strict=True):
+        holder = taken_by.get((m.tenant_id, m.idempotency_key)) if m.idempotency_key else None
+        if holder is not None and holder.id != new_row["id"]:
+            results.append(Enqueued(holder, created=False))
+        else:
+            results.append(Enqueued(Message(**new_row), created=True))
+    # Within one call the same key may appear twice: only its first row was inserted.
+    seen: set[uuid.UUID] = set()
+    created = []
+    for result in results:
+        if result.created and result.message.id not in seen:
+            seen.add(result.message.id)
+            created.append(result.message)
+    if created:
+        yield Step(
+            insert(message_events),
+            [_event(m.id, None, m.status, now, actor, 0, None, m.last_error) for m in created],
+        )
+        if dialect == "postgresql":
+            # Delivered at commit, so idle workers wake exactly when the rows become visible.
+            yield Step(select(func.pg_notify(NOTIFY_CHANNEL, "")))
+    return results
+
+
+def _new_row(
+    m: NewMessage, now: datetime, default_max_attempts: int, suppressed: bool
+) -> dict[str, Any]:
+    return {
+        "id": uuid7(),
+        "tenant_id": m.tenant_id,
+        "idempotency_key": m.idempotency_key,
+        "to_address": m.to_address,
+        "to_name": m.to_name,
+        "from_address": m.from_address,
+        "subject": m.subject,
+        "template_name": m.template_name,
+        "template_data": dict(m.template_data),
+        "headers": dict(m.headers),
+        "tags": list(m.tags),
+        "metadata": dict(m.metadata),
+        "status": (Status.FAILED if suppressed else Status.PENDING).value,
+        "attempt_count": 0,
+        "max_attempts": m.max_attempts or default_max_attempts,
+        "next_attempt_at": m.send_at or now,
+        "created_at": now,
+        "updated_at": now,
+        "claim_token": None,
+        "claimed_by": None,
+        "claimed_at": None,
+        "lease_expires_at": None,
+        "provider": None,
+        "provider_message_id": None,
+        "last_error": "suppressed" if suppressed else None,
+        "sent_at": None,
+        "ambiguous_since": None,
+    }
+
+
+def _insert_ignoring_taken_keys(dialect: Dialect) -> Any:
+    if dialect == "postgresql":
+        return pg_dialect.insert(om).on_conflict_do_nothing(
+            index_elements=[om.c.tenant_id, om.c.idempotency_key]
+        )
+    if dialect == "sqlite":
+        return sqlite_dialect.insert(om).on_conflict_do_nothing(
+            index_elements=[om.c.tenant_id, om.c.idempotency_key]
+        )
+    # Not INSERT IGNORE: that would also turn truncation and other errors into warnings.
+    return mysql_dialect.insert(om).on_duplicate_key_update(id=om.c.id)
+
+
+# --- the worker's operations -------------------------------------------------------------
+
+
+def claim(
+    dialect: Dialect,
+    *,
+    worker_id: str,
+    now: datetime,
+    lease: timedelta,
+    limit: int,
+) -> Plan[Claim]:
+    """Take up to `limit` due messages, oldest due first, under one fresh claim token."""
+    token = uuid.uuid4()
+    if dialect == "mysql":
+        due, order = now >= _MYSQL_CLAIMABLE_AT, (_MYSQL_CLAIMABLE_AT, om.c.id)
+    else:
+        due, order = om.c.next_attempt_at <= now, (om.c.next_attempt_at, om.c.id)
+    changed = yield from _transition(
+        dialect,
+        Action.CLAIM,
+        where=due,
+        values={
+            "status": Status.PROCESSING.value,
+            "claim_token": token,
+            "claimed_by": worker_id,
+            "claimed_at": now,
+            "lease_expires_at": now + lease,
+        },
+        now=now,
+        actor=worker_id,
+        order_by=order,
+        limit=limit,
+        skip_locked=True,
+        event_attempt=lambda m: m.attempt,
+    )
+    claimed = sorted((c.message for c in changed), key=lambda m: (m.next_attempt_at, m.id))
+    return Claim(token, claimed)
+
+
+def extend_lease(
+    dialect: Dialect,
+    *,
+    token: uuid.UUID,
+    ids: Sequence[uuid.UUID],
+    now: datetime,
+    lease: timedelta,
+) -> Plan[int]:
+    """Push the lease of messages still in flight; not a transition, so no event."""
+    if not ids:
+        return 0
+    result = yield Step(
+        update(om)
+        .where(om.c.id.in_(ids), om.c.claim_token == token, om.c.status == Status.PROCESSING.value)
+        .values(lease_expires_at=now + lease, updated_at=now)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def finalize(
+    dialect: Dialect,
+    *,
+    token: uuid.UUID,
+    outcomes: Sequence[Finalization],
+    now: datetime,
+    actor: str,
+    provider: str | None = None,
+) -> Plan[Finalized]:
+    """Record what happened to claimed messages, only where the claim is still ours.
+
+    Outcomes are grouped so that a batch costs one UPDATE per kind of outcome, however many
+    messages it holds. A row whose token no longer matches (the lease expired and was swept,
+    or another worker holds it now) is left alone and reported as stale.
+    """
+    groups: dict[tuple[Action, bool], list[Finalization]] = defaultdict(list)
+    for outcome in outcomes:
+        if outcome.action not in FINALIZE_ACTIONS:
+            raise ValueError(f"{outcome.action} is not a finalize action")
+        groups[(outcome.action, outcome.keep_attempt)].append(outcome)
+
+    changed: list[Changed] = []
+    for (action, keep_attempt), group in groups.items():
+        ids = [o.message_id for o in group]
+        values = _finalize_values(action, keep_attempt, group, now, provider)
+        changed += yield from _transition(
+            dialect,
+            action,
+            where=and_(om.c.id.in_(ids), om.c.claim_token == token),
+            values=values,
+            now=now,
+            actor=actor,
+            event_attempt=(lambda m: m.attempt)
+            if action is Action.RELEASE or keep_attempt
+            else (lambda m: m.attempt_count),
+            event_detail=_FINALIZE_DETAIL.get(action, lambda m: m.last_error),
+        )
+    done = {c.message.id for c in changed}
+    return Finalized(changed, [o.message_id for o in outcomes if o.message_id not in done])
+
+
+def _finalize_values(
+    action: Action,
+    keep_attempt: bool,
+    group: Sequence[Finalization],
+    now: datetime,
+    provider: str | None,
+) -> dict[str, Any]:
+    spends_attempt = action is not Action.RELEASE and not keep_attempt
+    values: dict[str, Any] = {
+        **_CLAIM_CLEARED,
+        "attempt_count": om.c.attempt_count + (1 if spends_attempt else 0),
+    }
+    if action is Action.RELEASE:
+        values["status"] = case(
+            (om.c.attempt_count > 0, literal_column(f"'{Status.RETRYING.value}'")),
+            else_=literal_column(f"'{Status.PENDING.value}'"),
+        )
+        return values
+    values["status"] = states.target(action).value
+    values["provider"] = provider
+    errors = {o.message_id: truncate_error(o.error) for o in group}
+    provider_ids = {o.message_id: o.provider_message_id for o in group}
+    if action is Action.MARK_SENT:
+        values.update(
+            sent_at=now,
+            ambiguous_since=None,
+            provider_message_id=_per_row(
+                provider_ids, om.c.provider_message_id.type, om.c.provider_message_id
+            ),
+        )
+        return values
+    values["last_error"] = _per_row(errors, om.c.last_error.type, None)
+    if action is Action.MARK_UNKNOWN:
+        values["provider_message_id"] = _per_row(
+            provider_ids, om.c.provider_message_id.type, om.c.provider_message_id
+        )
+    if action is Action.RETRY:
+        next_at = {o.message_id: o.next_attempt_at or now for o in group}
+        values["next_attempt_at"] = _per_row(next_at, UTCDateTime(), None)
+        since = {o.message_id: o.ambiguous_since for o in group}
+        values["ambiguous_since"] = _per_row(since, UTCDateTime()) if keep_attempt else None
+    elif action is not Action.MARK_UNKNOWN:
+        values["ambiguous_since"] = None
+    return values
+
+
+def sweep_expired(
+    dialect: Dialect, *, now: datetime, actor: str, limit: int = 1000
+) -> Plan[list[Changed]]:
+    """Expired leases become `unknown`, never a blind resend. Safe to run from every replica:
+    rows another sweeper holds are skipped, and a swept row no longer matches."""
+    return (
+        yield from _transition(
+            dialect,
+            Action.EXPIRE,
+            where=om.c.lease_expires_at < now,
+            values={
+                "status": Status.UNKNOWN.value,
+                "attempt_count": om.c.attempt_count + 1,
+                "claim_token": None,
+                "lease_expires_at": None,
+                "last_error": LEASE_EXPIRED,
+            },
+            now=now,
+            actor=actor,
+            order_by=(om.c.lease_expires_at, om.c.id),
+            limit=limit,
+            skip_locked=True,
+            event_detail=lambda m: f"lease of {m.claimed_by}, claimed {m.claimed_at}, expired",
+        )
+    )
+
+
+# --- operator operations -----------------------------------------------------------------------
+
+
+def requeue(
+    dialect: Dialect,
+    *,
+    where: ColumnElement[bool],
+    now: datetime,
+    actor: str,
+    extra_attempts: int,
+    limit: int | None = None,
+) -> Plan[list[Changed]]:
+    """Send `unknown` or `dead` messages again, with a fresh attempt budget.
+
+    Attempt numbers keep counting (they name provider idempotency keys, which must not be
+    reused for a deliberate resend), so the budget grows instead: max = done + extra.
+    """
+    return (
+        yield from _transition(
+            dialect,
+            Action.REQUEUE,
+            where=where,
+            values={
+                "status": Status.PENDING.value,
+                "next_attempt_at": now,
+                "max_attempts": om.c.attempt_count + extra_attempts,
+                "ambiguous_since": None,
+                **_CLAIM_CLEARED,
+            },
+            now=now,
+            actor=actor,
+            order_by=(om.c.id,),
+            limit=limit,
+            event_detail=lambda m: "requeued by an operator",
+        )
+    )
+
+
+def cancel(
+    dialect: Dialect, *, where: ColumnElement[bool], now: datetime, actor: str
+) -> Plan[list[Changed]]:
+    """Withdraw pending messages (never one a worker holds or already tried)."""
+    return (
+        yield from _transition(
+            dialect,
+            Action.CANCEL,
+            where=where,
+            values={"status": Status.CANCELLED.value},
+            now=now,
+            actor=actor,
+            event_detail=lambda m: "cancelled",
+        )
+    )
+
+
+def resolve(
+    dialect: Dialect,
+    *,
+    message_id: uuid.UUID,
+    sent: bool,
+    now: datetime,
+    actor: str,
+    evidence: str,
+    provider_message_id: str | None = None,
+) -> Plan[list[Changed]]:
+    """Settle an `unknown` message from evidence: it was accepted (sent) or it was not (failed)."""
+    values: dict[str, Any] = {"ambiguous_since": None}
+    if sent:
+        values.update(status=Status.SENT.value, sent_at=now)
+        if provider_message_id:
+            values["provider_message_id"] = provider_message_id
+    else:
+        values.update(status=Status.FAILED.value, last_error=truncate_error(evidence))
+    return (
+        yield from _transition(
+            dialect,
+            Action.RESOLVE_SENT if sent else Action.RESOLVE_FAILED,
+            where=om.c.id == message_id,
+            values=values,
+            now=now,
+            actor=actor,
+            event_detail=lambda m: evidence,
+        )
+    )
+
+
+def purge(dialect: Dialect, *, older_than: datetime, limit: int = 1000) -> Plan[int]:
+    """Delete up to `limit` terminal messages (and their events) last changed before a cutoff.
+
+    Callers repeat it until it returns less than `limit`, one short transaction per chunk, so
+    a large purge never holds locks for long. `unknown` messages are never purged.
+    """
+    old = and_(_in_states(states.TERMINAL), om.c.updated_at < older_than)
+    oldest = select(om.c.id).where(old).order_by(om.c.updated_at).limit(limit)
+    ids = (yield Step(oldest)).scalars().all()
+    if not ids:
+        return 0
+    yield Step(delete(message_events).where(message_events.c.message_id.in_(ids)))
+    result = yield Step(delete(om).where(om.c.id.in_(ids), old))
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+# --- reads --------------------------------------------------------------------------------------
+
+
+def get(message_id: uuid.UUID, tenant_id: str | None = None) -> Plan[Message | None]:
+    query = select(om).where(om.c.id == message_id)
+    if tenant_id is not None:
+        query = query.where(om.c.tenant_id == tenant_id)
+    row = (yield Step(query)).first()
+    return _message(row) if row else None
+
+
+def events(message_id: uuid.UUID) -> Plan[list[Row[Any]]]:
+    query = (
+        select(message_events)
+        .where(message_events.c.message_id == message_id)
+        .order_by(message_events.c.id)
+    )
+    return list((yield Step(query)).all())
+
+
+def count_by_status() -> Plan[dict[str, int]]:
+    query = select(om.c.status, func.count().label("n")).group_by(om.c.status)
+    return {row.status: int(row.n) for row in (yield Step(query)).all()}
+
+
+def notify_statement() -> Any:
+    return text(f"LISTEN {NOTIFY_CHANNEL}")

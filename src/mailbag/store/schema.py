@@ -1,0 +1,162 @@
+"""The tables, as SQLAlchemy Core metadata.
+
+`metadata` is what statements are built from. Where a database lacks partial indexes
+(MariaDB/MySQL), `metadata_for("mysql")` adds the generated columns that emulate them; the
+migration creates exactly `metadata_for(<its dialect>)`, and a test proves it.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    CheckConstraint,
+    Column,
+    Computed,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Uuid,
+    text,
+)
+
+from mailbag.domain import message as limits
+from mailbag.domain.states import CLAIMABLE, Status
+from mailbag.store.types import UTCDateTime, bigint_pk, json_type
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+STATUS_LENGTH = 16
+
+
+def _sql_list(statuses: frozenset[Status] | set[Status]) -> str:
+    return ", ".join(f"'{status.value}'" for status in sorted(statuses))
+
+
+CLAIMABLE_SQL = f"status IN ({_sql_list(CLAIMABLE)})"
+STATUS_CHECK_SQL = f"status IN ({_sql_list(set(Status))})"
+PROCESSING_SQL = f"status = '{Status.PROCESSING.value}'"
+
+
+def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
+    table = Table(
+        "outbox_messages",
+        md,
+        Column("id", Uuid, primary_key=True),
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("idempotency_key", String(limits.IDEMPOTENCY_KEY_MAX)),
+        Column("to_address", String(limits.ADDRESS_MAX), nullable=False),
+        Column("to_name", String(limits.NAME_MAX)),
+        Column("from_address", String(limits.ADDRESS_MAX)),
+        Column("subject", String(limits.SUBJECT_MAX)),
+        Column("template_name", String(limits.TEMPLATE_NAME_MAX), nullable=False),
+        Column("template_data", json_type(), nullable=False),
+        Column("headers", json_type(), nullable=False),
+        Column("tags", json_type(), nullable=False),
+        Column("metadata", json_type(), nullable=False),
+        Column("status", String(STATUS_LENGTH), nullable=False),
+        Column("attempt_count", Integer, nullable=False),
+        Column("max_attempts", Integer, nullable=False),
+        Column("next_attempt_at", UTCDateTime, nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("updated_at", UTCDateTime, nullable=False),
+        Column("claim_token", Uuid),
+        Column("claimed_by", String(200)),
+        Column("claimed_at", UTCDateTime),
+        Column("lease_expires_at", UTCDateTime),
+        Column("provider", String(50)),
+        Column("provider_message_id", String(255)),
+        Column("last_error", String(limits.ERROR_MAX)),
+        Column("sent_at", UTCDateTime),
+        # Set while retries reuse one provider idempotency key after an ambiguous send: the
+        # retry is only safe while the provider still remembers that key.
+        Column("ambiguous_since", UTCDateTime),
+        CheckConstraint(STATUS_CHECK_SQL, name="status"),
+        CheckConstraint("attempt_count >= 0", name="attempt_count"),
+        Index(None, "tenant_id", "idempotency_key", unique=True),
+        Index(None, "tenant_id", "created_at", "id"),
+        Index(None, "status", "updated_at"),
+        Index(None, "provider_message_id"),
+        Index(None, "to_address"),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+    )
+    if _is_mysql(dialect):
+        # No partial indexes: index a column that is NULL unless the row is claimable, so the
+        # claim reads due rows in order and never touches the (many) finished ones.
+        table.append_column(
+            Column(
+                "claimable_at",
+                UTCDateTime,
+                Computed(f"CASE WHEN {CLAIMABLE_SQL} THEN next_attempt_at END", persisted=True),
+            )
+        )
+        Index(None, table.c.claimable_at, table.c.id)
+        Index(None, table.c.status, table.c.lease_expires_at)
+    else:
+        Index(
+            "ix_outbox_messages_claimable",
+            table.c.next_attempt_at,
+            table.c.id,
+            postgresql_where=text(CLAIMABLE_SQL),
+            sqlite_where=text(CLAIMABLE_SQL),
+        )
+        Index(
+            "ix_outbox_messages_leased",
+            table.c.lease_expires_at,
+            postgresql_where=text(PROCESSING_SQL),
+            sqlite_where=text(PROCESSING_SQL),
+        )
+    return table
+
+
+def _message_events(md: MetaData) -> Table:
+    return Table(
+        "message_events",
+        md,
+        Column("id", bigint_pk(), primary_key=True, autoincrement=True),
+        Column(
+            "message_id",
+            Uuid,
+            ForeignKey("outbox_messages.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        Column("from_status", String(STATUS_LENGTH)),
+        Column("to_status", String(STATUS_LENGTH), nullable=False),
+        Column("at", UTCDateTime, nullable=False),
+        Column("actor", String(200), nullable=False),
+        Column("attempt", Integer, nullable=False),
+        Column("provider_message_id", String(255)),
+        Column("detail", String(limits.ERROR_MAX)),
+        Index(None, "message_id", "id"),
+        Index(None, "to_status", "at"),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+    )
+
+
+def _is_mysql(dialect: str | None) -> bool:
+    return dialect in ("mysql", "mariadb")
+
+
+def build_metadata(dialect: str | None = None) -> MetaData:
+    md = MetaData(naming_convention=NAMING)
+    _outbox_messages(md, dialect)
+    _message_events(md)
+    return md
+
+
+metadata = build_metadata()
+outbox_messages = metadata.tables["outbox_messages"]
+message_events = metadata.tables["message_events"]
+_mysql_metadata = build_metadata("mysql")
+
+
+def metadata_for(dialect: str) -> MetaData:
+    return _mysql_metadata if _is_mysql(dialect) else metadata

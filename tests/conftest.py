@@ -1,0 +1,141 @@
+"""Test databases: SQLite always; PostgreSQL and MariaDB when their URLs are given.
+
+MAILBAG_TEST_POSTGRES_URL and MAILBAG_TEST_MYSQL_URL name a server and a database to
+connect to; each test session creates its own scratch database there and drops it at the
+end. Without a URL that suite is skipped with a message saying so, except when CI=true:
+then a missing URL is an error, so CI can never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from mailbag.store import migrate
+from mailbag.store.database import Dialect, dialect_of, make_async_engine, make_engine
+from mailbag.store.schema import metadata
+
+SERVER_URLS = {
+    "postgresql": "MAILBAG_TEST_POSTGRES_URL",
+    "mysql": "MAILBAG_TEST_MYSQL_URL",
+}
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    missing = [var for var in SERVER_URLS.values() if not os.environ.get(var)]
+    if IN_CI and missing:
+        raise pytest.UsageError(
+            f"CI=true but {', '.join(missing)} is not set: the database suites are required in CI"
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
+    for dialect, var in SERVER_URLS.items():
+        url = os.environ.get(var)
+        lines.append(f"mailbag {dialect}: {url if url else f'skipped (set {var} to run it)'}")
+    return lines
+
+
+@dataclass
+class TestDB:
+    url: str
+    dialect: Dialect
+    engine: Engine
+
+    def async_engine(self) -> AsyncEngine:
+        return make_async_engine(self.url)
+
+    def new_engine(self, **options: object) -> Engine:
+        return make_engine(self.url, **options)  # type: ignore[arg-type]
+
+    def clear(self) -> None:
+        with self.engine.begin() as conn:
+            for table in reversed(metadata.sorted_tables):
+                conn.execute(table.delete())
+
+
+def _server_database(dialect: str) -> Iterator[str]:
+    """Create a scratch database on the server named by the env var; drop it afterwards."""
+    base = os.environ.get(SERVER_URLS[dialect])
+    if not base:
+        pytest.skip(f"{SERVER_URLS[dialect]} not set: {dialect} suite skipped")
+    name = f"mailbag_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = make_engine(base, null_pool=True)
+    if dialect == "postgresql":
+        admin = admin.execution_options(isolation_level="AUTOCOMMIT")  # type: ignore[assignment]
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+        if dialect == "mysql":
+            conn.commit()
+    url = make_url(base).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            if dialect == "postgresql":
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+                    )
+                )
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+            if dialect == "mysql":
+                conn.commit()
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgresql_url() -> Iterator[str]:
+    yield from _server_database("postgresql")
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> Iterator[str]:
+    yield from _server_database("mysql")
+
+
+@pytest.fixture(scope="session")
+def _server_dbs(request: pytest.FixtureRequest) -> dict[str, TestDB]:
+    return {}
+
+
+def _migrated(url: str) -> TestDB:
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    return TestDB(url, dialect_of(url), engine)
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
+def db(
+    request: pytest.FixtureRequest, tmp_path: Path, _server_dbs: dict[str, TestDB]
+) -> Iterator[TestDB]:
+    """A migrated, empty database of each kind (the server ones are reused and cleared)."""
+    kind = request.param
+    if kind == "sqlite":
+        test_db = _migrated(f"sqlite:///{tmp_path / 'mailbag.db'}")
+        yield test_db
+        test_db.engine.dispose()
+        return
+    if kind not in _server_dbs:
+        _server_dbs[kind] = _migrated(request.getfixturevalue(f"{kind}_url"))
+    test_db = _server_dbs[kind]
+    test_db.clear()
+    yield test_db
+
+
+@pytest.fixture
+async def async_engine(db: TestDB) -> AsyncIterator[AsyncEngine]:
+    engine = db.async_engine()
+    yield engine
+    await engine.dispose()

@@ -1,0 +1,80 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+
+from mailbag.domain.message import NewMessage, new_message
+from mailbag.store import outbox as store
+from mailbag.store.plan import run
+from mailbag.store.schema import message_events, outbox_messages
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+LEASE = timedelta(seconds=120)
+
+
+def message(i: int = 0, **fields: Any) -> NewMessage:
+    fields.setdefault("to", f"user{i}@example.com")
+    fields.setdefault("template", "welcome")
+    fields.setdefault("data", {"name": f"User {i}"})
+    return new_message(**fields)
+
+
+def enqueue(db: Any, n: int = 1, now: datetime = T0, **fields: Any) -> list[Any]:
+    with db.engine.begin() as conn:
+        results = run(
+            conn,
+            store.enqueue(
+                db.dialect,
+                [message(i, **fields) for i in range(n)],
+                now=now,
+                default_max_attempts=5,
+            ),
+        )
+    return [r.message for r in results]
+
+
+def claim(
+    db: Any, now: datetime = T0, limit: int = 100, worker: str = "w1", lease: timedelta = LEASE
+) -> store.Claim:
+    with db.engine.begin() as conn:
+        return run(
+            conn, store.claim(db.dialect, worker_id=worker, now=now, lease=lease, limit=limit)
+        )
+
+
+def finalize(
+    db: Any, token: Any, *outcomes: store.Finalization, now: datetime = T0, actor: str = "w1"
+) -> store.Finalized:
+    with db.engine.begin() as conn:
+        return run(
+            conn,
+            store.finalize(
+                db.dialect, token=token, outcomes=outcomes, now=now, actor=actor, provider="test"
+            ),
+        )
+
+
+def sweep(db: Any, now: datetime) -> list[store.Changed]:
+    with db.engine.begin() as conn:
+        return run(conn, store.sweep_expired(db.dialect, now=now, actor="sweeper"))
+
+
+def get(db: Any, message_id: Any) -> Any:
+    with db.engine.connect() as conn:
+        return run(conn, store.get(message_id))
+
+
+def events(db: Any, message_id: Any) -> list[Any]:
+    with db.engine.connect() as conn:
+        return run(conn, store.events(message_id))
+
+
+def count_rows(db: Any) -> tuple[int, int]:
+    with db.engine.connect() as conn:
+        messages = conn.execute(select(func.count()).select_from(outbox_messages)).scalar_one()
+        logged = conn.execute(select(func.count()).select_from(message_events)).scalar_one()
+    return messages, logged

@@ -1,0 +1,160 @@
+"""The pure core: transition table, retry policy, validation. No database here."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mailbag.domain import states
+from mailbag.domain.ids import uuid7
+from mailbag.domain.message import ERROR_MAX, InvalidMessage, new_message, truncate_error
+from mailbag.domain.policy import RetryPolicy
+from mailbag.domain.states import CLAIMABLE, TERMINAL, Action, Status
+
+
+def test_every_state_is_reachable_from_creation():
+    reached, frontier = set(), {None}
+    while frontier:
+        nxt = {t.target for t in states.TRANSITIONS if t.source in frontier} - reached
+        reached |= nxt
+        frontier = nxt
+    assert reached == set(Status)
+
+
+def test_terminal_states_have_no_way_out_but_an_operator_requeue():
+    for transition in states.TRANSITIONS:
+        if transition.source in TERMINAL:
+            assert transition.action is Action.REQUEUE and transition.source is Status.DEAD
+
+
+def test_unknown_leaves_only_by_evidence_or_an_operator():
+    actions = {t.action for t in states.TRANSITIONS if t.source is Status.UNKNOWN}
+    assert actions == {Action.REQUEUE, Action.RESOLVE_SENT, Action.RESOLVE_FAILED}
+
+
+def test_only_pending_and_retrying_are_claimable():
+    assert states.sources(Action.CLAIM) == CLAIMABLE == {Status.PENDING, Status.RETRYING}
+
+
+def test_every_finalize_starts_from_processing():
+    for action in (
+        Action.MARK_SENT,
+        Action.RETRY,
+        Action.FAIL,
+        Action.BURY,
+        Action.MARK_UNKNOWN,
+        Action.RELEASE,
+        Action.EXPIRE,
+    ):
+        assert states.sources(action) == {Status.PROCESSING}
+
+
+def test_release_returns_to_where_the_message_came_from():
+    assert states.release_target(0) is Status.PENDING
+    assert states.release_target(2) is Status.RETRYING
+    assert states.targets(Action.RELEASE) == {Status.PENDING, Status.RETRYING}
+
+
+def test_backoff_grows_five_fold_from_five_minutes_and_is_capped():
+    policy = RetryPolicy()
+    assert [policy.ceiling(n) for n in (1, 2, 3)] == [
+        timedelta(minutes=5),
+        timedelta(minutes=25),
+        timedelta(minutes=125),
+    ]
+    assert policy.ceiling(50) == policy.cap == timedelta(hours=6)
+
+
+@given(st.integers(min_value=1, max_value=200), st.integers(min_value=0, max_value=2**32))
+def test_full_jitter_stays_between_zero_and_the_ceiling(attempts, seed):
+    policy = RetryPolicy()
+    delay = policy.delay(attempts, random.Random(seed))
+    assert timedelta(0) <= delay <= policy.ceiling(attempts)
+
+
+def test_jitter_spreads_a_herd():
+    policy = RetryPolicy()
+    rng = random.Random(7)
+    delays = {policy.delay(1, rng) for _ in range(100)}
+    assert len(delays) > 90
+
+
+def test_the_attempt_budget_ends_in_the_dead_letter():
+    policy = RetryPolicy(max_attempts=3)
+    assert [policy.after_transient_failure(n) for n in (1, 2, 3)] == [
+        Action.RETRY,
+        Action.RETRY,
+        Action.BURY,
+    ]
+    assert policy.after_transient_failure(3, max_attempts=4) is Action.RETRY
+
+
+def test_policy_rejects_nonsense():
+    with pytest.raises(ValueError):
+        RetryPolicy(max_attempts=0)
+    with pytest.raises(ValueError):
+        RetryPolicy(base=timedelta(0))
+
+
+def test_a_valid_message_is_normalized():
+    m = new_message(to="Ada@EXAMPLE.COM", template="welcome", data={"n": 1}, tags=["x", "x"])
+    assert m.to_address == "Ada@example.com"
+    assert list(m.tags) == ["x"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"to": "x@y\r\nBcc: z@w"}, "to"),
+        ({"to": "not-an-address"}, "to"),
+        ({"to": "a@" + "b" * 300 + ".com"}, "to"),
+        ({"subject": "s" * 501}, "subject"),
+        ({"subject": "hi\nBcc: evil@example.com"}, "subject"),
+        ({"to_name": "Ada\r\nBcc: x@y"}, "to_name"),
+        ({"from_address": "x@y\nz"}, "from_address"),
+        ({"headers": {"X-A": "v\r\nBcc: x@y"}}, "headers"),
+        ({"headers": {"Bad Name": "v"}}, "headers"),
+        ({"headers": {"Subject": "override"}}, "headers"),
+        ({"tags": ["ok", "bad\ntag"]}, "tags"),
+        ({"data": {"when": datetime.now(UTC)}}, "data"),
+        ({"data": {"x": float("nan")}}, "data"),
+        ({"data": ["not", "an", "object"]}, "data"),
+        ({"template": "Welcome!"}, "template"),
+        ({"template": "t" * 101}, "template"),
+        ({"idempotency_key": "k" * 256}, "idempotency_key"),
+        ({"send_at": datetime(2026, 1, 1)}, "send_at"),
+    ],
+)
+def test_invalid_fields_are_rejected_with_the_field_named(fields, field):
+    base = {"to": "a@example.com", "template": "welcome"}
+    with pytest.raises(InvalidMessage) as excinfo:
+        new_message(**{**base, **fields})
+    assert field in excinfo.value.errors
+
+
+def test_unknown_templates_are_rejected_when_the_catalog_is_known():
+    with pytest.raises(InvalidMessage, match="unknown template"):
+        new_message(to="a@example.com", template="nope", known_templates={"welcome"})
+    assert new_message(to="a@example.com", template="nope").template_name == "nope"
+
+
+def test_all_problems_are_reported_at_once():
+    with pytest.raises(InvalidMessage) as excinfo:
+        new_message(to="bad", template="Bad!", subject="x" * 600)
+    assert set(excinfo.value.errors) == {"to", "template", "subject"}
+
+
+def test_errors_are_truncated_to_the_column_limit():
+    assert truncate_error("e" * 5000) is not None
+    assert len(truncate_error("e" * 5000) or "") == ERROR_MAX
+    assert truncate_error("short") == "short"
+
+
+def test_ids_are_time_ordered_and_unique():
+    ids = [uuid7() for _ in range(10_000)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert all(i.version == 7 for i in ids)
