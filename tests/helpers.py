@@ -78,3 +78,30 @@ def count_rows(db: Any) -> tuple[int, int]:
         messages = conn.execute(select(func.count()).select_from(outbox_messages)).scalar_one()
         logged = conn.execute(select(func.count()).select_from(message_events)).scalar_one()
     return messages, logged
+
+
+def outgoing_email(i: int = 0, **overrides: Any) -> Any:
+    """A composed email as a provider receives it (built through the real compose path)."""
+    import uuid
+
+    from mailbag.compose import OutgoingEmail, rfc_message_id
+
+    message_id = overrides.pop("message_id", uuid.uuid4())
+    fields: dict[str, Any] = {
+        "message_id": message_id,
+        "attempt": 1,
+        "tenant_id": "default",
+        "from_email": "sender@example.com",
+        "from_name": "Sender",
+        "to_email": f"user{i}@example.com",
+        "to_name": f"User {i}",
+        "subject": f"Hello {i}",
+        "html": f"<p>Hello {i}</p>",
+        "text": f"Hello {i}",
+        "rfc_message_id": rfc_message_id(message_id, "example.com"),
+        "date": T0,
+        "headers": {},
+        "tags": ["test"],
+    }
+    fields.update(overrides)
+    return OutgoingEmail(**fields)

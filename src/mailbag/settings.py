@@ -40,6 +40,7 @@ class Settings(BaseSettings):
     file_dir: Path = Path("mail")
     from_email: str = "mailbag@localhost"
     from_name: str = "mailbag"
+    message_id_domain: str | None = None  # right side of Message-ID; default FROM_EMAIL's domain
     templates_dir: Path | None = None
 
     smtp_host: str = "localhost"
@@ -50,6 +51,8 @@ class Settings(BaseSettings):
     # first byte (port 465); none: plain text.
     smtp_tls: Literal["auto", "starttls", "implicit", "none"] = "auto"
     smtp_timeout: float = 30.0
+    smtp_tls_verify: bool = True
+    smtp_ca_file: Path | None = None  # trust this CA (a private relay, or the tests' own)
 
     ses_region: str = "us-east-1"
     ses_endpoint_url: str | None = None
@@ -86,6 +89,10 @@ class Settings(BaseSettings):
             multiplier=self.retry_multiplier,
             cap=timedelta(seconds=max(self.retry_cap_seconds, self.retry_base_seconds)),
         )
+
+    @property
+    def message_id_host(self) -> str:
+        return self.message_id_domain or self.from_email.rpartition("@")[2] or "mailbag.local"
 
     @property
     def lease(self) -> timedelta:

@@ -1,0 +1,151 @@
+"""What a send attempt can end in, and what the outbox does about each outcome.
+
+Providers translate their protocol's answers into one of five outcomes (each provider keeps
+its mapping in one table); `decide` turns an outcome into the next transition. The one rule
+that matters most: an outcome the provider may have accepted is never retried blindly. It
+becomes `unknown`, unless the provider deduplicates by an idempotency key and the retry
+lands while the provider still remembers that key.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from mailbag.domain.policy import RetryPolicy
+from mailbag.domain.states import Action
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The provider took the message (SMTP 250 after DATA, HTTP 2xx with an id)."""
+
+    provider_message_id: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A permanent refusal: retrying cannot help (SMTP 5xx on the recipient, HTTP 400/401/403/422,
+    an invalid address, a template that does not render)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A failure known to precede acceptance (connection refused, DNS, SMTP 4xx, HTTP 429/5xx).
+    Safe to retry; `retry_after` is the provider's own hint, if it gave one."""
+
+    error: str
+    retry_after: timedelta | None = None
+
+
+@dataclass(frozen=True)
+class Ambiguous:
+    """The request left and no verdict came back (timeout or connection lost after DATA or
+    after the HTTP request was sent): the provider may have accepted it."""
+
+    error: str
+    provider_message_id: str | None = None
+    # True when the request carried this email's own idempotency key (and nothing else's),
+    # so sending the same email with the same key again is deduplicated by the provider. A
+    # batch request is not keyed per email: its ambiguous outcomes are never retried.
+    keyed: bool = True
+
+
+@dataclass(frozen=True)
+class Disabled:
+    """The provider cannot send at all right now (no credentials, switched off). Not the
+    message's fault: hand it back without spending an attempt."""
+
+    reason: str
+
+
+SendOutcome = Accepted | Rejected | Deferred | Ambiguous | Disabled
+
+# Keep a margin inside the provider's key window: clocks differ and requests take time.
+KEY_WINDOW_MARGIN = 0.8
+MIN_KEYED_RETRY_ROOM = timedelta(seconds=30)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    error: str | None = None
+    provider_message_id: str | None = None
+    next_attempt_at: datetime | None = None
+    keep_attempt: bool = False
+    ambiguous_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What the worker knows about the attempt it just made."""
+
+    number: int  # 1 for the first attempt
+    max_attempts: int
+    claimed_at: datetime
+    ambiguous_since: datetime | None  # set when earlier attempts under this key were ambiguous
+
+
+def decide(
+    outcome: SendOutcome,
+    attempt: Attempt,
+    *,
+    now: datetime,
+    policy: RetryPolicy,
+    key_window: timedelta | None,
+    rng: random.Random | None = None,
+) -> Decision:
+    """The next transition for a claimed message, given how its send attempt ended.
+
+    `key_window` is how long the provider deduplicates by our idempotency key (None: it
+    does not). Within it, an ambiguous send may be retried with the same key, which is the
+    same attempt again; outside it, the message is `unknown` and waits for evidence.
+    """
+    if isinstance(outcome, Accepted):
+        return Decision(Action.MARK_SENT, provider_message_id=outcome.provider_message_id)
+    if isinstance(outcome, Rejected):
+        return Decision(Action.FAIL, error=outcome.error)
+    if isinstance(outcome, Disabled):
+        return Decision(Action.RELEASE, error=outcome.reason)
+
+    keyed_since = attempt.ambiguous_since
+    if isinstance(outcome, Ambiguous):
+        if key_window is None or not outcome.keyed:
+            return Decision(
+                Action.MARK_UNKNOWN,
+                error=outcome.error,
+                provider_message_id=outcome.provider_message_id,
+            )
+        keyed_since = keyed_since or attempt.claimed_at
+
+    if keyed_since is not None and key_window is not None:
+        # An earlier try under this key may have been accepted: only the same key is safe.
+        deadline = keyed_since + key_window * KEY_WINDOW_MARGIN
+        room = deadline - now
+        if room < MIN_KEYED_RETRY_ROOM:
+            return Decision(
+                Action.MARK_UNKNOWN,
+                error=f"{outcome.error} (the provider's idempotency window has run out)",
+            )
+        delay = min(policy.delay(attempt.number, rng), room / 2)
+        if isinstance(outcome, Deferred) and outcome.retry_after:
+            delay = min(max(delay, outcome.retry_after), room / 2)
+        return Decision(
+            Action.RETRY,
+            error=outcome.error,
+            next_attempt_at=now + delay,
+            keep_attempt=True,
+            ambiguous_since=keyed_since,
+        )
+
+    assert isinstance(outcome, Deferred)
+    action = policy.after_transient_failure(attempt.number, attempt.max_attempts)
+    if action is Action.BURY:
+        return Decision(Action.BURY, error=outcome.error)
+    delay = policy.delay(attempt.number, rng)
+    if outcome.retry_after is not None:
+        delay = max(delay, outcome.retry_after)
+    return Decision(Action.RETRY, error=outcome.error, next_attempt_at=now + delay)
