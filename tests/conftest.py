@@ -19,6 +19,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from mailbag import log
 from mailbag.store import migrate
 from mailbag.store.database import Dialect, dialect_of, make_async_engine, make_engine
 from mailbag.store.schema import metadata
@@ -31,6 +32,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    log.configure("INFO")
     missing = [var for var in SERVER_URLS.values() if not os.environ.get(var)]
     if IN_CI and missing:
         raise pytest.UsageError(

@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 
 from mailbag.domain.message import NewMessage, new_message
 from mailbag.store import outbox as store
+from mailbag.store.database import READ_ONLY
 from mailbag.store.plan import run
 from mailbag.store.schema import message_events, outbox_messages
 
@@ -64,7 +65,7 @@ def sweep(db: Any, now: datetime) -> list[store.Changed]:
 
 
 def get(db: Any, message_id: Any) -> Any:
-    with db.engine.connect() as conn:
+    with db.engine.connect().execution_options(**READ_ONLY) as conn:
         return run(conn, store.get(message_id))
 
 

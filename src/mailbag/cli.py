@@ -5,6 +5,7 @@ Bad input exits with status 2 and a message on stderr, having written nothing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import uuid
@@ -14,7 +15,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from sqlalchemy import Engine
 
-from mailbag import templates
+from mailbag import log, providers, runtime, templates
 from mailbag.clock import utcnow
 from mailbag.domain import states
 from mailbag.domain.message import InvalidMessage, new_message
@@ -234,6 +235,44 @@ def purge(
         if deleted < 1000:
             break
     typer.echo(f"purged {total} message(s)")
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int | None, typer.Option(help="Sends in flight at once.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Messages claimed per round.")] = None,
+    worker_id: Annotated[
+        str | None, typer.Option("--id", help="Worker id (default host:pid).")
+    ] = None,
+) -> None:
+    """Send email from the outbox until SIGTERM/SIGINT, then drain and exit 0."""
+    settings = load_settings(concurrency=concurrency, batch_size=batch_size, worker_id=worker_id)
+    log.configure(settings.log_level)
+    check_provider(settings)
+    try:
+        runtime.ensure_schema(settings, upgrade=False)
+    except runtime.SchemaNotCurrent as exc:
+        fail(str(exc), code=1)
+    asyncio.run(runtime.run_worker(settings))
+
+
+@app.command()
+def serve() -> None:
+    """Everything in one process: migrate, then run the worker (the embedded default)."""
+    settings = load_settings()
+    log.configure(settings.log_level)
+    check_provider(settings)
+    runtime.ensure_schema(settings, upgrade=True)
+    if settings.provider == "file":
+        typer.echo(f"mailbag: emails are written to {settings.file_dir.resolve()}", err=True)
+    asyncio.run(runtime.run_worker(settings))
+
+
+def check_provider(settings: Settings) -> None:
+    if settings.provider not in providers.available():
+        fail(
+            f"unknown provider {settings.provider!r}; available: {', '.join(providers.available())}"
+        )
 
 
 def main() -> None:  # pragma: no cover - the console script calls app() directly

@@ -74,6 +74,7 @@ class Settings(BaseSettings):
     worker_id: str = Field(default_factory=default_worker_id)
 
     admin_password: SecretStr | None = None
+    log_level: str = "INFO"
 
     @field_validator("database_url")
     @classmethod

@@ -24,6 +24,9 @@ _DRIVERS: dict[str, tuple[Dialect, str, str]] = {
     "mariadb": ("mysql", "mysql+pymysql", "mysql+asyncmy"),
 }
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Execution option for connections that only read: on SQLite they skip the write lock.
+READ_ONLY_OPTION = "mailbag_read_only"
+READ_ONLY = {READ_ONLY_OPTION: True}
 
 
 class UnsupportedDatabase(ValueError):
@@ -108,4 +111,6 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # Readers (marked with READ_ONLY) need no write lock: WAL lets them run beside a writer.
+        read_only = connection.get_execution_options().get(READ_ONLY_OPTION, False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")

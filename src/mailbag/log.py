@@ -1,0 +1,62 @@
+"""Structured JSON logs (structlog), one line per event, never carrying secrets.
+
+Callers bind context (worker_id, message_id, attempt, request_id, tenant) and log events;
+`redact` drops any key that looks like a secret before a line is written, as a second line
+of defence behind "don't log it in the first place".
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+
+SECRET_KEYS = ("password", "token", "api_key", "apikey", "secret", "authorization", "key")
+_configured = False
+
+
+def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for name in list(event):
+        lowered = name.lower()
+        if any(secret in lowered for secret in SECRET_KEYS) and not lowered.endswith("_hash"):
+            event[name] = "[redacted]"
+    return event
+
+
+def configure(level: str = "INFO", *, json: bool = True) -> None:
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per migration is noise
+    renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            redact,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
+        logger_factory=lambda *_: _StderrLogger(),
+        cache_logger_on_first_use=False,
+    )
+
+
+class _StderrLogger:
+    """Writes each line to whatever sys.stderr is at that moment (tests swap it)."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
+def get(name: str | None = None, **context: Any) -> Any:
+    return structlog.get_logger(name).bind(**context)

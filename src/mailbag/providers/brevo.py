@@ -1,0 +1,472 @@
+"""`brevo`: Brevo's (ex-Sendinblue) transactional email HTTP API.
+
+One email is `POST /v3/smtp/email` with `to`; several share one call through
+`messageVersions` (up to 1000 versions, no outer `to`). Every answer and every transport
+failure is classified by the one table below, `RESPONSE_TABLE` (with `TRANSPORT_TABLE` for
+requests that got no answer).
+
+Idempotency: a single send carries `headers.idempotencyKey`, a UUID derived from the email's
+own key (message id and attempt), so sending the same email again after an ambiguous
+failure sends the same key and Brevo, for 30 minutes, does not process it twice. Brevo
+answers such a repeat with a `duplicate_parameter` error rather than the first message id;
+that answer says "I already have a request with this key" but not what became of it, so it
+is classified Ambiguous (unkeyed: repeating it cannot tell more) and left to reconciliation.
+A batch call carries no per-email key, so its ambiguous outcomes are never resent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Any, Final, TypeVar
+
+import httpx
+
+from mailbag.compose import MESSAGE_ID_HEADER, OutgoingEmail
+from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
+from mailbag.providers import register
+from mailbag.settings import Settings
+
+SEND_PATH: Final = "/v3/smtp/email"
+LIST_PATH: Final = "/v3/smtp/emails"
+MAX_VERSIONS_PER_CALL: Final = 1000
+# Brevo remembers an idempotencyKey for 30 minutes.
+IDEMPOTENCY_WINDOW: Final = timedelta(minutes=30)
+# Brevo requires idempotencyKey to be a UUID; ours is not one, so we send its UUIDv5 under
+# this fixed namespace. Never change it: in-flight retries would stop matching.
+IDEMPOTENCY_NAMESPACE: Final = uuid.UUID("6f1d3c2a-9a57-4b8e-a0f4-5b1e2d7c9e31")
+RATE_LIMIT_RESET_HEADER: Final = "x-sib-ratelimit-reset"
+# Brevo's error code for a request whose idempotencyKey it has already seen.
+DUPLICATE_KEY_CODES: Final = frozenset({"duplicate_parameter", "duplicate_request"})
+ERROR_TEXT_MAX: Final = 500
+LOOKUP_PAGE_SIZE: Final = 1000
+LOOKUP_MAX_PAGES: Final = 50
+
+T = TypeVar("T")
+
+
+class Verdict(enum.Enum):
+    ACCEPTED = "accepted"  # Brevo took it; needs a message id in the body, else AMBIGUOUS
+    REJECTED = "rejected"  # permanent: the same request will be refused again
+    DEFERRED = "deferred"  # Brevo (or the network) did not take it: safe to retry
+    AMBIGUOUS = "ambiguous"  # it may have been taken
+
+
+RESPONSE_TABLE: Final[tuple[tuple[range, Verdict, str], ...]] = (
+    # (statuses, verdict, why) -- the first row whose range holds the status wins.
+    (range(200, 203), Verdict.ACCEPTED, "200/201/202 with a messageId (none: AMBIGUOUS)"),
+    (range(203, 300), Verdict.AMBIGUOUS, "another 2xx: success of some kind, but no id"),
+    (range(300, 400), Verdict.DEFERRED, "a redirect: not processed (check BREVO_BASE_URL)"),
+    (range(408, 409), Verdict.DEFERRED, "request timeout: Brevo gave up before processing"),
+    (range(425, 426), Verdict.DEFERRED, "too early: not processed"),
+    (range(429, 430), Verdict.DEFERRED, "rate limited; retry after x-sib-ratelimit-reset"),
+    (range(400, 500), Verdict.REJECTED, "400/401/403/422 and the other 4xx: permanent"),
+    (range(500, 600), Verdict.DEFERRED, "Brevo answered with an error: it did not take it"),
+)
+"""How an HTTP answer from `POST /v3/smtp/email` becomes an outcome.
+
+| status                        | outcome                                                  |
+|-------------------------------|----------------------------------------------------------|
+| 200, 201, 202 + messageId(s)  | Accepted (a 2xx without a parsable id: Ambiguous)         |
+| other 2xx                     | Ambiguous                                                |
+| 3xx                           | Deferred                                                 |
+| 408, 425                      | Deferred                                                 |
+| 429                           | Deferred, retry_after from x-sib-ratelimit-reset (seconds)|
+|                               | or else Retry-After                                      |
+| 400 duplicate_parameter       | Ambiguous, keyed=False (a keyed repeat: see module doc)  |
+| 400, 401, 403, 422, other 4xx | Rejected                                                 |
+| 5xx                           | Deferred (Retry-After honoured when given)               |
+| anything else                 | Ambiguous                                                |
+
+Error texts carry the status and Brevo's `code` and `message`; never the API key.
+"""
+
+TRANSPORT_TABLE: Final[tuple[tuple[type[httpx.TransportError], Verdict], ...]] = (
+    # The request never left: no connection, or none free in our pool.
+    (httpx.ConnectError, Verdict.DEFERRED),
+    (httpx.ConnectTimeout, Verdict.DEFERRED),
+    (httpx.PoolTimeout, Verdict.DEFERRED),
+    (httpx.UnsupportedProtocol, Verdict.DEFERRED),
+    # The request (or part of it) left and the connection failed before an answer.
+    (httpx.ReadTimeout, Verdict.AMBIGUOUS),
+    (httpx.WriteTimeout, Verdict.AMBIGUOUS),
+    (httpx.RemoteProtocolError, Verdict.AMBIGUOUS),
+    (httpx.ReadError, Verdict.AMBIGUOUS),
+    (httpx.WriteError, Verdict.AMBIGUOUS),
+)
+"""How a request that got no HTTP answer becomes an outcome (the first matching class wins;
+any other transport error is AMBIGUOUS). Ambiguous is keyed for single sends only."""
+
+
+class BrevoLookupError(RuntimeError):
+    """`GET /v3/smtp/emails` failed: no answer, or an answer that is not the list."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def verdict_for_status(status: int) -> Verdict:
+    for statuses, verdict, _why in RESPONSE_TABLE:
+        if status in statuses:
+            return verdict
+    return Verdict.AMBIGUOUS
+
+
+def verdict_for_transport_error(exc: httpx.TransportError) -> Verdict:
+    for error_class, verdict in TRANSPORT_TABLE:
+        if isinstance(exc, error_class):
+            return verdict
+    return Verdict.AMBIGUOUS
+
+
+def brevo_idempotency_key(email: OutgoingEmail) -> str:
+    """The UUID sent as `headers.idempotencyKey`: a function of the email's key alone."""
+    return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, email.idempotency_key))
+
+
+def _address(address: str, name: str | None) -> dict[str, str]:
+    return {"email": address, "name": name} if name else {"email": address}
+
+
+def single_payload(email: OutgoingEmail) -> dict[str, Any]:
+    """The body of a one-email send, carrying this email's ids and idempotency key."""
+    payload: dict[str, Any] = {
+        "sender": _address(email.from_email, email.from_name),
+        "to": [_address(email.to_email, email.to_name)],
+        "subject": email.subject,
+        "htmlContent": email.html,
+    }
+    if email.text:
+        payload["textContent"] = email.text
+    payload["headers"] = {
+        **email.headers,
+        # Ours last, so a caller's header of the same name cannot replace them.
+        MESSAGE_ID_HEADER: str(email.message_id),
+        "Message-Id": email.rfc_message_id,
+        "idempotencyKey": brevo_idempotency_key(email),
+    }
+    if email.tags:
+        payload["tags"] = list(email.tags)
+    return payload
+
+
+def batch_payload(emails: Sequence[OutgoingEmail]) -> dict[str, Any]:
+    """One call for emails that share sender, tags and custom headers (see `_batch_group`).
+
+    Brevo's message versions carry only recipients, subject and bodies: no headers and no
+    tags. So the per-email Message-Id, X-Mailbag-Message-ID and idempotency key cannot
+    travel in a batch; the returned message ids, in order, are what ties each email to
+    Brevo's record.
+    """
+    first = emails[0]
+    versions: list[dict[str, Any]] = []
+    for email in emails:
+        version: dict[str, Any] = {
+            "to": [_address(email.to_email, email.to_name)],
+            "subject": email.subject,
+            "htmlContent": email.html,
+        }
+        if email.text:
+            version["textContent"] = email.text
+        versions.append(version)
+    # Brevo wants a top-level subject and body when no template is used; every version
+    # overrides them, so the first email's serve.
+    payload: dict[str, Any] = {
+        "sender": _address(first.from_email, first.from_name),
+        "subject": first.subject,
+        "htmlContent": first.html,
+        "messageVersions": versions,
+    }
+    if first.headers:
+        payload["headers"] = dict(first.headers)
+    if first.tags:
+        payload["tags"] = list(first.tags)
+    return payload
+
+
+def _batch_group(email: OutgoingEmail) -> tuple[Any, ...]:
+    """What must be equal for emails to share one call: all that is not per version."""
+    return (
+        email.from_email,
+        email.from_name,
+        tuple(email.tags),
+        tuple(sorted(email.headers.items())),
+    )
+
+
+def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What one send request came back with, before it is turned into outcomes."""
+
+    status: int | None = None  # None: no HTTP answer at all
+    body: Any = None
+    headers: httpx.Headers | None = None
+    transport_error: httpx.TransportError | None = None
+    unreadable: str | None = None  # an answer came, but reading or parsing it failed
+
+
+class BrevoProvider:
+    name = "brevo"
+    max_batch_size = MAX_VERSIONS_PER_CALL
+    idempotency_window: timedelta | None = IDEMPOTENCY_WINDOW
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None,
+        base_url: str = "https://api.brevo.com",
+        timeout: float = 30.0,
+        max_connections: int = 32,
+    ) -> None:
+        self._api_key = api_key or None  # an empty key is no key
+        self.base_url = base_url.rstrip("/")
+        # One client for all sends, its pool as large as the worker's concurrency, so sends
+        # reuse connections and never queue behind each other beyond that.
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            headers={"accept": "application/json"},
+        )
+
+    def __repr__(self) -> str:  # never show the key
+        key = "set" if self._api_key else "missing"
+        return f"BrevoProvider(base_url={self.base_url!r}, api_key={key})"
+
+    # --- sending -----------------------------------------------------------------------
+
+    async def send(self, email: OutgoingEmail) -> SendOutcome:
+        if self._api_key is None:
+            return Disabled("BREVO_API_KEY is not set")
+        answer = await self._post(single_payload(email))
+        return self._outcomes(answer, count=1, keyed=True)[0]
+
+    async def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[SendOutcome]:
+        """One outcome per email, in order. Emails are grouped by what a call shares and each
+        group is sent in calls of at most 1000 versions, the calls concurrently."""
+        if self._api_key is None:
+            return [Disabled("BREVO_API_KEY is not set")] * len(emails)
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for index, email in enumerate(emails):
+            groups.setdefault(_batch_group(email), []).append(index)
+        calls = [
+            chunk
+            for indexes in groups.values()
+            for chunk in _chunks(indexes, MAX_VERSIONS_PER_CALL)
+        ]
+        results = await asyncio.gather(
+            *(self._send_call([emails[i] for i in chunk]) for chunk in calls)
+        )
+        outcomes: list[SendOutcome | None] = [None] * len(emails)
+        for chunk, chunk_outcomes in zip(calls, results, strict=True):
+            for index, outcome in zip(chunk, chunk_outcomes, strict=True):
+                outcomes[index] = outcome
+        assert all(outcome is not None for outcome in outcomes)
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    async def _send_call(self, emails: Sequence[OutgoingEmail]) -> list[SendOutcome]:
+        if len(emails) == 1:  # a single send carries a key: strictly safer
+            return [await self.send(emails[0])]
+        answer = await self._post(batch_payload(emails))
+        if answer.status == 400:
+            # One bad version fails the whole call and nothing is sent: send each email on
+            # its own (keyed) so only the bad one fails.
+            return list(await asyncio.gather(*(self.send(email) for email in emails)))
+        return self._outcomes(answer, count=len(emails), keyed=False)
+
+    async def _post(self, payload: dict[str, Any]) -> _Answer:
+        assert self._api_key is not None
+        try:
+            response = await self._client.post(
+                SEND_PATH,
+                json=payload,
+                headers={"api-key": self._api_key, "content-type": "application/json"},
+            )
+        except httpx.TransportError as exc:
+            return _Answer(transport_error=exc)
+        except httpx.HTTPError as exc:  # e.g. a body that would not decode: it was sent
+            return _Answer(unreadable=_describe(exc))
+        try:
+            body = response.json() if response.content else None
+        except ValueError:
+            body = None
+        return _Answer(status=response.status_code, body=body, headers=response.headers)
+
+    def _outcomes(self, answer: _Answer, *, count: int, keyed: bool) -> list[SendOutcome]:
+        """Apply the tables: `count` emails were in the request, in order."""
+        if answer.transport_error is not None:
+            exc = answer.transport_error
+            text = self._scrub(f"Brevo request failed: {_describe(exc)}")
+            if verdict_for_transport_error(exc) is Verdict.DEFERRED:
+                return [Deferred(text)] * count
+            return [Ambiguous(text, keyed=keyed)] * count
+        if answer.status is None:
+            text = self._scrub(f"Brevo answer unreadable: {answer.unreadable}")
+            return [Ambiguous(text, keyed=keyed)] * count
+
+        status, body = answer.status, answer.body
+        verdict = verdict_for_status(status)
+        if verdict is Verdict.ACCEPTED:
+            ids = _message_ids(body, count)
+            if ids is None:
+                text = self._scrub(f"Brevo answered {status} without usable message ids: {body!r}")
+                return [Ambiguous(text, keyed=keyed)] * count
+            return [Accepted(message_id) for message_id in ids]
+
+        text = self._scrub(_error_text(status, body))
+        if verdict is Verdict.REJECTED:
+            if keyed and _error_code(body) in DUPLICATE_KEY_CODES:
+                return [
+                    Ambiguous(
+                        f"{text} (an earlier request with this idempotency key "
+                        "reached Brevo: whether it was sent needs reconciliation)",
+                        keyed=False,
+                    )
+                ] * count
+            return [Rejected(text)] * count
+        if verdict is Verdict.DEFERRED:
+            retry_after = _retry_after(answer.headers) if answer.headers is not None else None
+            return [Deferred(text, retry_after=retry_after)] * count
+        return [Ambiguous(text, keyed=keyed)] * count
+
+    def _scrub(self, text: str) -> str:
+        """Belt and braces: whatever a server echoes, the key never reaches an error text."""
+        if self._api_key:
+            text = text.replace(self._api_key, "[redacted]")
+        return text[:ERROR_TEXT_MAX]
+
+    # --- reading back ------------------------------------------------------------------
+
+    async def lookup(
+        self,
+        *,
+        message_id: str | None = None,
+        email: str | None = None,
+        tag: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Brevo's own records of sent transactional emails (`GET /v3/smtp/emails`), last 30
+        days, as its dicts (`email`, `subject`, `messageId`, `uuid`, `date`, `tags`, ...).
+
+        Brevo filters by `messageId` or recipient `email` (one is required); it has no tag
+        filter on this endpoint, so `tag` narrows the result here. Empty when none match.
+        Raises BrevoLookupError when the list cannot be had.
+        """
+        if self._api_key is None:
+            raise BrevoLookupError("BREVO_API_KEY is not set")
+        if message_id is None and email is None:
+            raise ValueError("Brevo looks up sent emails by message_id or email (tag only narrows)")
+        query: dict[str, str | int] = {"limit": LOOKUP_PAGE_SIZE}
+        if message_id is not None:
+            query["messageId"] = message_id
+        if email is not None:
+            query["email"] = email
+        found: list[dict[str, Any]] = []
+        for page in range(LOOKUP_MAX_PAGES):
+            records = await self._lookup_page({**query, "offset": page * LOOKUP_PAGE_SIZE})
+            found.extend(records)
+            if len(records) < LOOKUP_PAGE_SIZE:
+                break
+        if tag is not None:
+            found = [record for record in found if tag in (record.get("tags") or [])]
+        return found
+
+    async def _lookup_page(self, query: Mapping[str, str | int]) -> list[dict[str, Any]]:
+        assert self._api_key is not None
+        try:
+            response = await self._client.get(
+                LIST_PATH, params=dict(query), headers={"api-key": self._api_key}
+            )
+        except httpx.HTTPError as exc:
+            raise BrevoLookupError(self._scrub(f"Brevo lookup failed: {_describe(exc)}")) from exc
+        try:
+            body = response.json() if response.content else {}
+        except ValueError:
+            body = None
+        if response.status_code == 404 and _error_code(body) == "document_not_found":
+            return []  # Brevo's way of saying "no such email"
+        if response.status_code != 200 or not isinstance(body, dict):
+            raise BrevoLookupError(
+                self._scrub(f"lookup: {_error_text(response.status_code, body)}"),
+                status=response.status_code,
+            )
+        records = body.get("transactionalEmails") or []
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise BrevoLookupError(f"lookup: unexpected answer shape: {body!r}"[:ERROR_TEXT_MAX])
+        return records
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _message_ids(body: Any, count: int) -> list[str] | None:
+    """The ids a 2xx carries, one per email in order; None when they are not all there."""
+    if not isinstance(body, dict):
+        return None
+    if count == 1 and isinstance(body.get("messageId"), str) and body["messageId"]:
+        return [body["messageId"]]
+    ids = body.get("messageIds")
+    if isinstance(ids, list) and len(ids) == count and all(isinstance(i, str) and i for i in ids):
+        return list(ids)
+    return None
+
+
+def _error_code(body: Any) -> str | None:
+    code = body.get("code") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def _error_text(status: int, body: Any) -> str:
+    if isinstance(body, dict) and ("code" in body or "message" in body):
+        return f"Brevo HTTP {status} {body.get('code', '')}: {body.get('message', '')}"
+    return f"Brevo HTTP {status}" + (f": {body!r}" if body else "")
+
+
+def _retry_after(headers: httpx.Headers) -> timedelta | None:
+    """Brevo's `x-sib-ratelimit-reset` (seconds until the limit resets), else Retry-After
+    (seconds or an HTTP date)."""
+    for name in (RATE_LIMIT_RESET_HEADER, "retry-after"):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                when = parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                continue
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            seconds = (when - datetime.now(UTC)).total_seconds()
+        if seconds >= 0:
+            return timedelta(seconds=seconds)
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    detail = str(exc)
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+@register("brevo")
+def create(settings: Settings) -> BrevoProvider:
+    key = settings.brevo_api_key.get_secret_value() if settings.brevo_api_key else None
+    return BrevoProvider(
+        api_key=key,
+        base_url=settings.brevo_base_url,
+        timeout=settings.brevo_timeout,
+        max_connections=settings.concurrency,
+    )

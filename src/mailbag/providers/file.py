@@ -1,0 +1,58 @@
+"""`file`: write each email as an .eml file a person can open (the `serve` default).
+
+Files are named `<message id>.eml` (ids are time-ordered, so the folder sorts oldest
+first) and written atomically (temp file, then
+rename), so a mail client or a test never sees half an email. Sending the same message
+again overwrites its file: the Message-ID is the same, so it is the same email.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+from mailbag.compose import OutgoingEmail
+from mailbag.domain.delivery import Accepted, Deferred, SendOutcome
+from mailbag.providers import register
+from mailbag.providers.base import SendOneByOne
+from mailbag.settings import Settings
+
+
+class FileProvider(SendOneByOne):
+    name = "file"
+    max_batch_size = 1
+    idempotency_window: timedelta | None = None
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def path_for(self, email: OutgoingEmail) -> Path:
+        return self.folder / f"{email.message_id}.eml"
+
+    async def send(self, email: OutgoingEmail) -> SendOutcome:
+        try:
+            path = await asyncio.to_thread(self._write, email)
+        except OSError as exc:  # a full disk or a missing permission: nothing was written
+            return Deferred(f"cannot write to {self.folder}: {exc}")
+        return Accepted(path.name)
+
+    def _write(self, email: OutgoingEmail) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self.path_for(email)
+        descriptor, temporary = tempfile.mkstemp(dir=self.folder, suffix=".part")
+        try:
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(email.raw)
+            os.replace(temporary, final)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        return final
+
+
+@register("file")
+def create(settings: Settings) -> FileProvider:
+    return FileProvider(settings.file_dir)

@@ -1,0 +1,299 @@
+"""Amazon SES (API v2) through botocore: our own raw MIME, one email per call.
+
+We send `Content.Raw`, so the MIME we built, and with it our stable Message-ID, is what
+recipients receive. botocore is synchronous: calls run in a thread pool as large as
+`settings.concurrency`, all through one shared client (botocore clients are thread-safe).
+
+botocore's own retries are switched off. A retry after a read timeout re-sends an email SES
+may already have taken, and SES has no idempotency key to deduplicate it; the outbox
+decides what to retry, from the outcome this module reports (see `ERROR_OUTCOMES`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from email.errors import MessageError
+from functools import partial
+from typing import Any, Final
+
+import botocore.session
+from botocore.config import Config
+from botocore.exceptions import (
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    CredentialRetrievalError,
+    EndpointConnectionError,
+    HTTPClientError,
+    IncompleteReadError,
+    InvalidRegionError,
+    NoCredentialsError,
+    NoRegionError,
+    ParamValidationError,
+    PartialCredentialsError,
+    ProfileNotFound,
+    ProxyConnectionError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+    SSLError,
+)
+
+from mailbag.compose import OutgoingEmail
+from mailbag.domain.delivery import (
+    Accepted,
+    Ambiguous,
+    Deferred,
+    Disabled,
+    Rejected,
+    SendOutcome,
+)
+from mailbag.providers import register
+from mailbag.providers.base import SendOneByOne
+from mailbag.settings import Settings
+
+DEFAULT_CONNECT_TIMEOUT: Final = 10.0
+DEFAULT_READ_TIMEOUT: Final = 30.0
+
+MESSAGE_ID_TAG: Final = "mailbag_message_id"
+TENANT_ID_TAG: Final = "mailbag_tenant_id"
+# SES accepts only these characters in tag names and values.
+_TAG_VALUE = re.compile(r"[A-Za-z0-9_-]{1,256}")
+
+OutcomeKind = type[Rejected] | type[Deferred] | type[Ambiguous] | type[Disabled]
+ErrorKey = str | int | range | type[Exception]
+
+ERROR_OUTCOMES: Final[tuple[tuple[ErrorKey, OutcomeKind], ...]] = (
+    # SES answered with an error code: it did not take the message.
+    ("Throttling", Deferred),
+    ("ThrottlingException", Deferred),
+    ("TooManyRequestsException", Deferred),
+    ("LimitExceededException", Deferred),
+    ("InternalFailure", Deferred),
+    ("ServiceUnavailable", Deferred),
+    ("AccountSuspendedException", Disabled),
+    ("SendingPausedException", Disabled),
+    # Bad or expired credentials are the account's problem, never the message's.
+    ("UnrecognizedClientException", Disabled),
+    ("InvalidClientTokenId", Disabled),
+    ("InvalidSignatureException", Disabled),
+    ("SignatureDoesNotMatch", Disabled),
+    ("IncompleteSignature", Disabled),
+    ("MissingAuthenticationTokenException", Disabled),
+    ("ExpiredToken", Disabled),
+    ("ExpiredTokenException", Disabled),
+    ("MessageRejected", Rejected),
+    ("BadRequestException", Rejected),
+    ("MailFromDomainNotVerifiedException", Rejected),
+    ("NotFoundException", Rejected),
+    # SES answered with a code not named above: go by the HTTP status.
+    (408, Deferred),  # the request did not arrive in time, so nothing was taken
+    (429, Deferred),
+    (range(500, 600), Deferred),
+    (range(400, 500), Rejected),
+    # No usable configuration: nothing was sent, and nothing will be until an operator acts.
+    (NoCredentialsError, Disabled),
+    (PartialCredentialsError, Disabled),
+    (CredentialRetrievalError, Disabled),
+    (ProfileNotFound, Disabled),
+    (NoRegionError, Disabled),
+    (InvalidRegionError, Disabled),
+    # botocore refused the request before sending it; the same email would fail again.
+    (ParamValidationError, Rejected),
+    # The request never left: no connection was made.
+    (EndpointConnectionError, Deferred),
+    (ConnectTimeoutError, Deferred),
+    (ProxyConnectionError, Deferred),
+    # The request may have left and no verdict came back. An SSL error usually means a
+    # failed handshake, but it can also break a response mid-read, so it stays ambiguous.
+    (ReadTimeoutError, Ambiguous),
+    (ConnectionClosedError, Ambiguous),
+    (ResponseStreamingError, Ambiguous),
+    (IncompleteReadError, Ambiguous),
+    (SSLError, Ambiguous),
+    (HTTPClientError, Ambiguous),
+)
+"""How each way an SES call can fail maps to an outcome; first match wins.
+
+A `str` key is an SES error code; an `int` or `range` is the HTTP status of an SES error
+answer whose code is not listed; an exception class is a failure inside botocore. Anything
+not matched is Ambiguous: we cannot prove SES did not take the message. Success is
+`Accepted(MessageId)`.
+"""
+
+# Secrets must not reach `last_error`, logs or events, even if a server echoes them.
+_ACCESS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA|ANPA|ANVA|AGPA)[A-Z0-9]{12,}\b")
+_SECRET_LIKE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+=]{40}(?![A-Za-z0-9/+=])")
+_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def redact(text: str) -> str:
+    text = _ACCESS_KEY_ID.sub("[access key id]", text)
+    text = _SECRET_LIKE.sub("[redacted]", text)
+    return _URL_USERINFO.sub("[credentials]@", text)
+
+
+def outcome_for(error: Exception) -> SendOutcome:
+    """Classify a failed `send_email` call through `ERROR_OUTCOMES`."""
+    kind: OutcomeKind = Ambiguous
+    retry_after: timedelta | None = None
+    if isinstance(error, ClientError):
+        code, status, headers = _error_details(error)
+        message = f"SES {code} (HTTP {status}): {_error_message(error)}"
+        kind = _lookup(code=code, status=status) or Ambiguous
+        retry_after = _retry_after(headers)
+    else:
+        message = f"SES {type(error).__name__}: {error}"
+        kind = _lookup(exception=error) or Ambiguous
+    message = redact(message)
+    if kind is Deferred:
+        return Deferred(message, retry_after=retry_after)
+    if kind is Ambiguous:
+        # SES has no idempotency key, so no retry of this request is deduplicated.
+        return Ambiguous(message, keyed=False)
+    if kind is Disabled:
+        return Disabled(message)
+    return Rejected(message)
+
+
+def _lookup(
+    *, code: str | None = None, status: int | None = None, exception: Exception | None = None
+) -> OutcomeKind | None:
+    for key, kind in ERROR_OUTCOMES:
+        if isinstance(key, str):
+            if key == code:
+                return kind
+        elif isinstance(key, int):
+            if key == status:
+                return kind
+        elif isinstance(key, range):
+            if status is not None and status in key:
+                return kind
+        elif exception is not None and isinstance(exception, key):
+            return kind
+    return None
+
+
+def _error_details(error: ClientError) -> tuple[str, int | None, Mapping[str, str]]:
+    response: dict[str, Any] = error.response
+    code = str(response.get("Error", {}).get("Code") or "Unknown")
+    metadata: dict[str, Any] = response.get("ResponseMetadata", {})
+    status = metadata.get("HTTPStatusCode")
+    headers: Mapping[str, str] = metadata.get("HTTPHeaders", {})
+    return code, status if isinstance(status, int) else None, headers
+
+
+def _error_message(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Message") or "no message")
+
+
+def _retry_after(headers: Mapping[str, str]) -> timedelta | None:
+    value = headers.get("retry-after", "")  # botocore lower-cases header names
+    return timedelta(seconds=int(value)) if value.strip().isdigit() else None
+
+
+def _envelope_address(address: str) -> str:
+    """SES wants the domain of envelope addresses in its ASCII (IDNA) form."""
+    local, _, domain = address.rpartition("@")
+    return f"{local}@{domain.encode('idna').decode('ascii')}"
+
+
+class SESProvider(SendOneByOne):
+    name = "ses"
+    max_batch_size = 1  # SES has no call that sends several distinct raw messages
+    idempotency_window: timedelta | None = None  # no idempotency key: ambiguous means unknown
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+    ) -> None:
+        # An empty region lets botocore fall back to AWS_REGION / AWS_DEFAULT_REGION.
+        self._region = settings.ses_region or None
+        self._endpoint_url = settings.ses_endpoint_url
+        self._configuration_set = settings.ses_configuration_set
+        self._config = Config(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            # One attempt in total, whatever AWS_MAX_ATTEMPTS or a config file says.
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=settings.concurrency,
+            tcp_keepalive=True,
+            user_agent_extra="mailbag",
+        )
+        self._executor = ThreadPoolExecutor(
+            max_workers=settings.concurrency, thread_name_prefix="mailbag-ses"
+        )
+        # Created on first use, in a pool thread: resolving credentials may read files or
+        # call the instance metadata service, and a failure is a send outcome, not a crash.
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._closed = False
+
+    async def send(self, email: OutgoingEmail) -> SendOutcome:
+        if self._closed:
+            return Disabled("the SES provider is closed")
+        try:
+            request = self._request(email)
+        except (ValueError, MessageError) as error:
+            return Rejected(redact(f"cannot build the SES request: {error}"))
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, partial(self._send_blocking, request))
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Sends already handed to the pool finish (each is bounded by the timeouts).
+        await asyncio.to_thread(self._executor.shutdown, wait=True)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _request(self, email: OutgoingEmail) -> dict[str, Any]:
+        tags = [{"Name": MESSAGE_ID_TAG, "Value": str(email.message_id)}]
+        if _TAG_VALUE.fullmatch(email.tenant_id):
+            tags.append({"Name": TENANT_ID_TAG, "Value": email.tenant_id})
+        request: dict[str, Any] = {
+            "FromEmailAddress": _envelope_address(email.from_email),
+            "Destination": {"ToAddresses": [_envelope_address(email.to_email)]},
+            "Content": {"Raw": {"Data": email.raw}},
+            "EmailTags": tags,
+        }
+        if self._configuration_set:
+            request["ConfigurationSetName"] = self._configuration_set
+        return request
+
+    def _send_blocking(self, request: dict[str, Any]) -> SendOutcome:
+        try:
+            response: dict[str, Any] = self._shared_client().send_email(**request)
+        except Exception as error:
+            return outcome_for(error)
+        message_id = response.get("MessageId")
+        if not isinstance(message_id, str) or not message_id:
+            return Ambiguous("SES answered success without a MessageId", keyed=False)
+        return Accepted(message_id)
+
+    def _shared_client(self) -> Any:
+        if self._client is not None:
+            return self._client
+        with self._client_lock:
+            if self._client is None:
+                self._client = botocore.session.get_session().create_client(
+                    "sesv2",
+                    region_name=self._region,
+                    endpoint_url=self._endpoint_url,
+                    config=self._config,
+                )
+            return self._client
+
+
+@register("ses")
+def create(settings: Settings) -> SESProvider:
+    return SESProvider(settings)

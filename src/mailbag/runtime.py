@@ -1,0 +1,77 @@
+"""Assemble the long-running parts from settings: engines, provider, catalog, worker.
+
+Entry points (the CLI, `serve`) call these; tests build the same parts directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from mailbag import providers, templates
+from mailbag.settings import Settings
+from mailbag.store import migrate
+from mailbag.store.database import dialect_of, make_async_engine, make_engine
+from mailbag.worker import Worker, WorkerConfig
+
+
+class SchemaNotCurrent(RuntimeError):
+    pass
+
+
+def ensure_schema(settings: Settings, *, upgrade: bool) -> None:
+    """Migrate (serve, migrate) or insist the schema is current (worker and API replicas,
+    which must not race each other to migrate)."""
+    engine = make_engine(settings.database_url, null_pool=True)
+    try:
+        if upgrade:
+            migrate.upgrade(engine)
+            return
+        with engine.connect() as conn:
+            if not migrate.is_current(conn):
+                raise SchemaNotCurrent(
+                    f"the database schema is at {migrate.current_revision(conn)!r}, not "
+                    f"{migrate.head_revision()!r}: run `mailbag migrate` first"
+                )
+    finally:
+        engine.dispose()
+
+
+def worker_engine(settings: Settings) -> AsyncEngine:
+    # Claims, finalizes, lease extensions and sweeps overlap: a handful of connections.
+    return make_async_engine(settings.database_url, pool_size=4)
+
+
+def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
+    listen_url = (
+        settings.database_url if dialect_of(settings.database_url) == "postgresql" else None
+    )
+    return Worker(
+        engine=engine,
+        provider=providers.create(settings.provider, settings),
+        catalog=templates.load(settings.templates_dir),
+        config=WorkerConfig.from_settings(settings),
+        listen_url=listen_url,
+    )
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT, for a graceful drain instead of a kill."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    stop = stop or stop_on_signals()
+    engine = worker_engine(settings)
+    worker = build_worker(settings, engine)
+    try:
+        await worker.run(stop)
+    finally:
+        await worker.provider.aclose()
+        await engine.dispose()

@@ -1,0 +1,498 @@
+"""The dispatcher: sweep -> claim -> render -> send -> finalize, safe with any number of replicas.
+
+One asyncio task runs the loop; each claimed batch is sent by its own task (at most
+CONCURRENCY emails are claimed and unfinished at once); finalizations are written in
+batches by one writer task, and a keeper task extends the leases of everything in flight.
+No database transaction is ever open while a provider call is in flight.
+
+Failure handling, in short:
+- a database error anywhere backs the loop off (1 s doubling to 30 s) and it resumes;
+  outcomes that could not be written are kept and written when the database is back;
+- a provider that reports itself disabled gets its messages released (no attempt spent)
+  and the whole worker pauses claiming for a while;
+- SIGTERM/SIGINT: stop claiming, let sends in flight finish within the grace period,
+  finalize them, release what had not started, and return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from mailbag import log, wakeup
+from mailbag.clock import Clock, utcnow
+from mailbag.compose import OutgoingEmail, compose
+from mailbag.domain.delivery import Ambiguous, Attempt, Decision, Disabled, Rejected, decide
+from mailbag.domain.message import Message
+from mailbag.domain.policy import RetryPolicy
+from mailbag.domain.states import Action
+from mailbag.providers.base import Provider
+from mailbag.settings import Settings
+from mailbag.store import outbox as store
+from mailbag.store.database import Dialect, dialect_of
+from mailbag.store.plan import run_async
+from mailbag.templates import Catalog, TemplateError
+
+DB_ERRORS = (SQLAlchemyError, OSError)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker_id: str
+    batch_size: int = 100
+    concurrency: int = 32
+    poll_interval: float = 1.0
+    lease: timedelta = timedelta(seconds=120)
+    shutdown_grace: float = 30.0
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    from_email: str = "mailbag@localhost"
+    from_name: str | None = None
+    message_id_domain: str = "localhost"
+    sweep_every: float = 1.0
+    db_backoff: tuple[float, float] = (1.0, 30.0)
+    disabled_backoff: tuple[float, float] = (5.0, 300.0)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> WorkerConfig:
+        values: dict[str, Any] = {
+            "worker_id": settings.worker_id,
+            "batch_size": settings.batch_size,
+            "concurrency": settings.concurrency,
+            "poll_interval": settings.poll_interval,
+            "lease": settings.lease,
+            "shutdown_grace": settings.shutdown_grace,
+            "policy": settings.retry_policy,
+            "from_email": settings.from_email,
+            "from_name": settings.from_name,
+            "message_id_domain": settings.message_id_host,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+class Backoff:
+    """Exponential delays between a first step and a cap, reset by a success."""
+
+    def __init__(self, first: float, cap: float) -> None:
+        self.first, self.cap, self.failures = first, cap, 0
+
+    def next(self) -> float:
+        delay = min(self.cap, self.first * float(2**self.failures))
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+@dataclass
+class InFlight:
+    token: uuid.UUID
+    message: Message
+    started: bool = False
+    decided: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A decision waiting to be written, with what the log line needs."""
+
+    token: uuid.UUID
+    message: Message
+    decision: Decision
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        engine: AsyncEngine,
+        provider: Provider,
+        catalog: Catalog,
+        config: WorkerConfig,
+        clock: Clock = utcnow,
+        rng: random.Random | None = None,
+        listen_url: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.dialect: Dialect = dialect_of(engine.url)
+        self.provider = provider
+        self.catalog = catalog
+        self.config = config
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.listen_url = listen_url
+        self.log = log.get("mailbag.worker", worker_id=config.worker_id)
+
+        self.in_flight: dict[uuid.UUID, InFlight] = {}
+        self.send_tasks: set[asyncio.Task[None]] = set()
+        self.outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
+        self.unwritten = 0  # outcomes queued or being written
+        self.all_written = asyncio.Event()
+        self.wake = asyncio.Event()
+        self.slot_freed = asyncio.Event()
+        self.stopping = False
+        self.paused_until = 0.0  # monotonic time until which claiming is paused
+        self.db_backoff = Backoff(*config.db_backoff)
+        self.disabled_backoff = Backoff(*config.disabled_backoff)
+        self.last_sweep = 0.0
+        self.stats: dict[str, int] = defaultdict(int)
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Dispatch until `stop` is set, then drain and return. May be called again after."""
+        self.stopping = False
+        self.log.info(
+            "worker_started",
+            provider=self.provider.name,
+            concurrency=self.config.concurrency,
+            batch_size=self.config.batch_size,
+        )
+        helpers = [
+            asyncio.create_task(self._write_outcomes(), name="mailbag-finalizer"),
+            asyncio.create_task(self._keep_leases(stop), name="mailbag-leases"),
+            asyncio.create_task(self._listen(stop), name="mailbag-listen"),
+        ]
+        loop = asyncio.get_running_loop()
+
+        def wake_from_any_thread() -> None:
+            loop.call_soon_threadsafe(self.wake.set)
+
+        unsubscribe = wakeup.subscribe(wake_from_any_thread)
+        try:
+            while not stop.is_set():
+                full_batch = await self._tick()
+                if not full_batch:
+                    await self._wait_for_work(stop)
+        finally:
+            unsubscribe()
+            await self._drain()
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            self.log.info("worker_stopped", **self.stats)
+
+    async def _tick(self) -> bool:
+        """One round of sweep and claim. True when a full batch was claimed (more is due)."""
+        if time.monotonic() < self.paused_until:
+            return False
+        try:
+            await self._maybe_sweep()
+            free = self.config.concurrency - len(self.in_flight)
+            if free <= 0:
+                return False
+            limit = min(self.config.batch_size, free)
+            async with self.engine.begin() as conn:
+                claim = await run_async(
+                    conn,
+                    store.claim(
+                        self.dialect,
+                        worker_id=self.config.worker_id,
+                        now=self.clock(),
+                        lease=self.config.lease,
+                        limit=limit,
+                    ),
+                )
+            self.db_backoff.reset()
+        except DB_ERRORS as exc:
+            delay = self.db_backoff.next()
+            self.log.warning("database_unavailable", error=_describe(exc), retry_in=delay)
+            self.paused_until = time.monotonic() + delay
+            return False
+        if claim.messages:
+            self.stats["claimed"] += len(claim.messages)
+            self._dispatch(claim)
+        return len(claim.messages) == limit
+
+    async def _wait_for_work(self, stop: asyncio.Event) -> None:
+        """Sleep until woken (NOTIFY, an in-process enqueue, a freed slot) or the poll is due."""
+        timeout = self.config.poll_interval
+        pause = self.paused_until - time.monotonic()
+        if pause > 0:
+            timeout = pause
+        self.wake.clear()
+        self.slot_freed.clear()
+        waiters = [asyncio.ensure_future(stop.wait())]
+        if pause <= 0:
+            full = len(self.in_flight) >= self.config.concurrency
+            waiters.append(asyncio.ensure_future((self.slot_freed if full else self.wake).wait()))
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _maybe_sweep(self) -> None:
+        # Our own rows whose outcome is known but not yet written must not be swept to
+        # `unknown`: sweep only when everything we know has been written.
+        if self.unwritten or time.monotonic() - self.last_sweep < self.config.sweep_every:
+            return
+        async with self.engine.begin() as conn:
+            swept = await run_async(
+                conn,
+                store.sweep_expired(
+                    self.dialect,
+                    now=self.clock(),
+                    actor=self.config.worker_id,
+                ),
+            )
+        self.last_sweep = time.monotonic()
+        for changed in swept:
+            self.stats["swept"] += 1
+            self.log.warning(
+                "lease_expired",
+                message_id=str(changed.message.id),
+                attempt=changed.message.attempt_count,
+                claimed_by=changed.message.claimed_by,
+                transition="processing->unknown",
+            )
+
+    # --- sending --------------------------------------------------------------------------
+
+    def _dispatch(self, claim: store.Claim) -> None:
+        for message in claim.messages:
+            self.in_flight[message.id] = InFlight(claim.token, message)
+        size = max(1, self.provider.max_batch_size)
+        for start in range(0, len(claim.messages), size):
+            chunk = claim.messages[start : start + size]
+            task = asyncio.create_task(self._send_chunk(claim.token, chunk))
+            self.send_tasks.add(task)
+            task.add_done_callback(self.send_tasks.discard)
+
+    async def _send_chunk(self, token: uuid.UUID, messages: Sequence[Message]) -> None:
+        now = self.clock()
+        ready: list[tuple[Message, OutgoingEmail]] = []
+        for message in messages:
+            try:
+                email = compose(
+                    message,
+                    self.catalog,
+                    default_from_email=self.config.from_email,
+                    default_from_name=self.config.from_name,
+                    message_id_domain=self.config.message_id_domain,
+                    now=now,
+                )
+            except TemplateError as exc:
+                self._decide(token, message, Rejected(str(exc)))
+            else:
+                ready.append((message, email))
+        if not ready:
+            return
+        if self.stopping:  # claimed but never started: hand back, no attempt spent
+            for message, _ in ready:
+                self._decide(token, message, Disabled("worker shutting down before the send"))
+            return
+        for message, _ in ready:
+            self.in_flight[message.id].started = True
+        emails = [email for _, email in ready]
+        try:
+            if len(emails) == 1:
+                outcomes = [await self.provider.send(emails[0])]
+            else:
+                outcomes = await self.provider.send_batch(emails)
+        except asyncio.CancelledError:
+            # The grace period ran out mid-send: whether it left is unknown.
+            for message, _ in ready:
+                self._decide(
+                    token, message, Ambiguous("send interrupted by shutdown", keyed=len(ready) == 1)
+                )
+            raise
+        except Exception as exc:  # a provider bug: it may have sent, so never resend blindly
+            self.log.exception("provider_crashed", provider=self.provider.name)
+            outcomes = [Ambiguous(f"provider raised {_describe(exc)}", keyed=False)] * len(emails)
+        for (message, _), outcome in zip(ready, outcomes, strict=True):
+            self._decide(token, message, outcome)
+
+    def _decide(self, token: uuid.UUID, message: Message, outcome: Any) -> None:
+        decision = decide(
+            outcome,
+            Attempt(
+                message.attempt,
+                message.max_attempts,
+                message.claimed_at or self.clock(),
+                message.ambiguous_since,
+            ),
+            now=self.clock(),
+            policy=self.config.policy,
+            key_window=self.provider.idempotency_window,
+            rng=self.rng,
+        )
+        if isinstance(outcome, Disabled) and not self.stopping:
+            delay = self.disabled_backoff.next()
+            self.paused_until = max(self.paused_until, time.monotonic() + delay)
+            self.log.warning("provider_disabled", reason=outcome.reason, pause_seconds=delay)
+        elif decision.action is Action.MARK_SENT:
+            self.disabled_backoff.reset()
+        flight = self.in_flight.get(message.id)
+        if flight is not None:
+            flight.decided = True
+        self.unwritten += 1
+        self.all_written.clear()
+        self.outcomes.put_nowait(Outcome(token, message, decision))
+
+    # --- writing outcomes ----------------------------------------------------------------------
+
+    async def _write_outcomes(self) -> None:
+        """Write decisions in batches: whatever accumulated while the last write ran."""
+        while True:
+            batch = [await self.outcomes.get()]
+            while not self.outcomes.empty():
+                batch.append(self.outcomes.get_nowait())
+            await self._finalize(batch)
+
+    async def _finalize(self, batch: list[Outcome]) -> None:
+        by_token: dict[uuid.UUID, list[Outcome]] = defaultdict(list)
+        for item in batch:
+            by_token[item.token].append(item)
+        backoff = Backoff(*self.config.db_backoff)
+        while True:
+            try:
+                async with self.engine.begin() as conn:
+                    results = [
+                        (
+                            items,
+                            await run_async(
+                                conn,
+                                store.finalize(
+                                    self.dialect,
+                                    token=token,
+                                    outcomes=[_finalization(i) for i in items],
+                                    now=self.clock(),
+                                    actor=self.config.worker_id,
+                                    provider=self.provider.name,
+                                ),
+                            ),
+                        )
+                        for token, items in by_token.items()
+                    ]
+                break
+            except DB_ERRORS as exc:
+                # The send happened; its outcome must not be lost. Keep it and try again.
+                delay = backoff.next()
+                self.log.warning(
+                    "finalize_failed", error=_describe(exc), retry_in=delay, pending=len(batch)
+                )
+                await asyncio.sleep(delay)
+        for items, result in results:
+            self._log_finalized(items, result)
+        for item in batch:
+            self.in_flight.pop(item.message.id, None)
+        self.unwritten -= len(batch)
+        if not self.unwritten:
+            self.all_written.set()
+        self.slot_freed.set()
+
+    def _log_finalized(self, items: Iterable[Outcome], result: store.Finalized) -> None:
+        stale = set(result.stale)
+        for item in items:
+            decision = item.decision
+            if item.message.id in stale:
+                self.stats["stale"] += 1
+                # Someone else owns this row now (our lease expired and it was swept or
+                # re-claimed): record what we knew, loudly, and change nothing.
+                self.log.error(
+                    "stale_finalize",
+                    message_id=str(item.message.id),
+                    attempt=item.message.attempt,
+                    outcome=decision.action.value,
+                    provider_message_id=decision.provider_message_id,
+                    error=decision.error,
+                )
+                continue
+            self.stats[decision.action.value] += 1
+        for changed in result.changed:
+            self.log.info(
+                "transition",
+                message_id=str(changed.message.id),
+                attempt=changed.message.attempt_count,
+                transition=f"{changed.from_status.value}->{changed.message.status}",
+                provider_message_id=changed.message.provider_message_id,
+                error=changed.message.last_error if changed.message.status != "sent" else None,
+            )
+
+    # --- leases, wake-ups, shutdown ------------------------------------------------------------
+
+    async def _keep_leases(self, stop: asyncio.Event) -> None:
+        """Extend the lease of every message still in flight, a few times per lease."""
+        period = max(self.config.lease.total_seconds() / 3, 0.05)
+        while True:
+            await asyncio.sleep(period)
+            by_token: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
+            for message_id, flight in list(self.in_flight.items()):
+                by_token[flight.token].append(message_id)
+            if not by_token:
+                continue
+            try:
+                async with self.engine.begin() as conn:
+                    for token, ids in by_token.items():
+                        await run_async(
+                            conn,
+                            store.extend_lease(
+                                self.dialect,
+                                token=token,
+                                ids=ids,
+                                now=self.clock(),
+                                lease=self.config.lease,
+                            ),
+                        )
+            except DB_ERRORS as exc:
+                self.log.warning("lease_extension_failed", error=_describe(exc))
+
+    async def _listen(self, stop: asyncio.Event) -> None:
+        if self.dialect != "postgresql" or self.listen_url is None:
+            return
+        from mailbag.store.listen import listen
+
+        await listen(self.listen_url, store.NOTIFY_CHANNEL, self.wake.set, self.log)
+
+    async def _drain(self) -> None:
+        """Stop claiming; finish, finalize or release everything this worker holds."""
+        self.stopping = True
+        if self.send_tasks:
+            _, late = await asyncio.wait(set(self.send_tasks), timeout=self.config.shutdown_grace)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        # Claimed messages whose send never began (none should remain, but be sure).
+        for flight in list(self.in_flight.values()):
+            if not flight.started and not flight.decided:
+                self._decide(flight.token, flight.message, Disabled("worker shutting down"))
+        if self.unwritten:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self.all_written.wait(), timeout=max(self.config.shutdown_grace, 5.0)
+                )
+        if self.unwritten:
+            self.log.error("shutdown_with_unwritten_outcomes", count=self.unwritten)
+
+
+def _finalization(item: Outcome) -> store.Finalization:
+    d = item.decision
+    return store.Finalization(
+        message_id=item.message.id,
+        action=d.action,
+        provider_message_id=d.provider_message_id,
+        error=d.error,
+        next_attempt_at=d.next_attempt_at,
+        keep_attempt=d.keep_attempt,
+        ambiguous_since=d.ambiguous_since,
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    # The class and first line only: driver messages can be long, and never include secrets
+    # we pass (URLs are not part of SQLAlchemy's error text).
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:500]

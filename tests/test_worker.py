@@ -1,0 +1,299 @@
+"""The dispatcher in-process, on each database, against the test suite's memory provider."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from helpers import get
+from memory_provider import MemoryProvider
+from mailbag import providers
+from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected
+from mailbag.domain.message import new_message
+from mailbag.domain.policy import RetryPolicy
+from mailbag.domain.states import Status
+from mailbag.services import outbox as outbox_service
+from mailbag.settings import Settings
+from mailbag.store import outbox as store
+from mailbag.store.database import READ_ONLY
+from mailbag.store.plan import run, run_async
+from mailbag.templates import builtin
+from mailbag.worker import Worker, WorkerConfig
+
+FAST_RETRY = RetryPolicy(
+    max_attempts=3, base=timedelta(milliseconds=20), cap=timedelta(milliseconds=50)
+)
+
+
+def enqueue(db: Any, n: int, **fields: Any) -> list[Any]:
+    fields.setdefault("template", "welcome")
+    fields.setdefault("data", {"name": "Ada"})
+    with db.engine.begin() as conn:
+        results = outbox_service.enqueue_many(
+            conn,
+            [new_message(to=f"user{i}@example.com", **fields) for i in range(n)],
+            max_attempts=FAST_RETRY.max_attempts,
+        )
+    return [r.message.id for r in results]
+
+
+def statuses(db: Any) -> dict[str, int]:
+    # Read-only: on SQLite it must not queue behind the worker's write transactions.
+    with db.engine.connect().execution_options(**READ_ONLY) as conn:
+        return run(conn, store.count_by_status())
+
+
+def make_worker(db: Any, async_engine: Any, provider: Any, **config: Any) -> Worker:
+    config.setdefault("worker_id", "test-worker")
+    config.setdefault("poll_interval", 0.05)
+    config.setdefault("policy", FAST_RETRY)
+    config.setdefault("sweep_every", 0.05)
+    return Worker(
+        engine=async_engine, provider=provider, catalog=builtin(), config=WorkerConfig(**config)
+    )
+
+
+async def run_until(
+    worker: Worker, done: Callable[[], bool | Awaitable[bool]], timeout: float = 15.0
+) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                result = done()
+                if not isinstance(result, bool):
+                    result = await result
+                if result:
+                    break
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await task
+
+
+def all_in(db: Any, *wanted: Status, total: int) -> Callable[[], bool]:
+    return lambda: sum(statuses(db).get(s.value, 0) for s in wanted) == total
+
+
+async def test_the_worker_delivers_every_message_once(db, async_engine):
+    ids = enqueue(db, 60)
+    provider = MemoryProvider()
+    worker = make_worker(db, async_engine, provider, batch_size=25, concurrency=10)
+    await run_until(worker, all_in(db, Status.SENT, total=60))
+    assert sorted(e.message_id for e in provider.sent) == sorted(ids)
+    row = get(db, ids[0])
+    assert row.provider == "memory" and row.provider_message_id == f"mem-{ids[0]}-1"
+    assert row.claim_token is None and row.sent_at is not None
+    # The email itself: our Message-ID, rendered template.
+    email = next(e for e in provider.sent if e.message_id == ids[0])
+    assert email.rfc_message_id == f"<{ids[0]}@localhost>"
+    assert email.subject == "Welcome to mailbag, Ada"
+    assert b"Message-ID: <" in email.raw and b"multipart/alternative" in email.raw
+
+
+async def test_claims_never_exceed_the_free_concurrency_slots(db, async_engine):
+    enqueue(db, 40)
+    provider = MemoryProvider(delay=0.05)
+    worker = make_worker(db, async_engine, provider, batch_size=100, concurrency=4)
+    most_in_flight = 0
+
+    def done() -> bool:
+        nonlocal most_in_flight
+        most_in_flight = max(most_in_flight, len(worker.in_flight))
+        return all_in(db, Status.SENT, total=40)()
+
+    await run_until(worker, done)
+    assert provider.max_in_flight <= 4
+    assert most_in_flight <= 4
+    assert provider.max_in_flight == 4  # and the slots were actually used
+
+
+async def test_transient_failures_retry_with_backoff_then_succeed(db, async_engine):
+    (mid,) = enqueue(db, 1)
+    script = lambda email, nth: Deferred("451 try later") if nth < 3 else Accepted("ok")  # noqa: E731
+    provider = MemoryProvider(script)
+    await run_until(make_worker(db, async_engine, provider), all_in(db, Status.SENT, total=1))
+    row = get(db, mid)
+    assert (row.attempt_count, row.last_error) == (3, "451 try later")
+    assert [e.attempt for e in provider.sent] == [1, 2, 3]
+
+
+async def test_a_spent_budget_ends_in_the_dead_letter(db, async_engine):
+    (mid,) = enqueue(db, 1)
+    provider = MemoryProvider(lambda email, nth: Deferred(f"421 busy #{nth}"))
+    await run_until(make_worker(db, async_engine, provider), all_in(db, Status.DEAD, total=1))
+    row = get(db, mid)
+    assert (row.attempt_count, row.last_error) == (3, "421 busy #3")
+    assert len(provider.sent) == 3
+
+
+async def test_permanent_rejections_and_template_errors_fail_at_once(db, async_engine):
+    (rejected,) = enqueue(db, 1)
+    (broken,) = enqueue(db, 1, data={})  # welcome needs `name`
+    provider = MemoryProvider(lambda email, nth: Rejected("550 5.1.1 no such user"))
+    await run_until(make_worker(db, async_engine, provider), all_in(db, Status.FAILED, total=2))
+    assert get(db, rejected).last_error == "550 5.1.1 no such user"
+    assert "'name' is undefined" in get(db, broken).last_error
+    assert [e.message_id for e in provider.sent] == [rejected]  # the broken one never left
+
+
+async def test_an_ambiguous_send_becomes_unknown_and_is_never_resent(db, async_engine):
+    (mid,) = enqueue(db, 1)
+    provider = MemoryProvider(lambda email, nth: Ambiguous("connection lost after DATA"))
+    worker = make_worker(db, async_engine, provider)
+    await run_until(worker, all_in(db, Status.UNKNOWN, total=1))
+    await run_until(worker, lambda: True)  # another round: nothing claims it again
+    await asyncio.sleep(0.2)
+    assert len(provider.sent) == 1
+    assert get(db, mid).status == Status.UNKNOWN
+
+
+async def test_a_keyed_provider_retries_an_ambiguous_send_with_the_same_key(db, async_engine):
+    (mid,) = enqueue(db, 1)
+    script = lambda email, nth: Ambiguous("read timeout") if nth == 1 else Accepted("p-1")  # noqa: E731
+    provider = MemoryProvider(script, idempotency_window=timedelta(minutes=30))
+    await run_until(make_worker(db, async_engine, provider), all_in(db, Status.SENT, total=1))
+    first, second = provider.sent
+    assert first.idempotency_key == second.idempotency_key == f"mailbag-{mid}-1"
+    row = get(db, mid)
+    assert (row.attempt_count, row.ambiguous_since) == (1, None)
+
+
+async def test_a_disabled_provider_releases_without_spending_attempts(db, async_engine):
+    ids = enqueue(db, 3)
+    enabled = False
+
+    def script(email: Any, nth: int) -> Any:
+        return Accepted("ok") if enabled else Disabled("no API key")
+
+    provider = MemoryProvider(script)
+    worker = make_worker(db, async_engine, provider, disabled_backoff=(0.3, 0.3))
+    await run_until(worker, lambda: len(provider.sent) >= 1)
+    await asyncio.sleep(0.1)
+    rows = [get(db, i) for i in ids]
+    assert all(r.attempt_count == 0 for r in rows)
+    assert all(r.status in (Status.PENDING, Status.PROCESSING) for r in rows)
+    calls_while_disabled = len(provider.sent)
+    enabled = True
+    await run_until(worker, all_in(db, Status.SENT, total=3))
+    assert all(get(db, i).attempt_count == 1 for i in ids)
+    assert calls_while_disabled <= 3  # it paused instead of hammering a disabled provider
+
+
+async def test_a_slow_live_send_keeps_its_lease(db, async_engine):
+    (mid,) = enqueue(db, 1)
+    provider = MemoryProvider(delay=1.2)
+    worker = make_worker(db, async_engine, provider, lease=timedelta(seconds=0.6))
+    await run_until(worker, all_in(db, Status.SENT, total=1))
+    assert get(db, mid).status == Status.SENT
+    assert worker.stats["swept"] == 0
+
+
+async def test_a_stale_finalize_changes_nothing_and_is_logged(db, async_engine, capsys):
+    (mid,) = enqueue(db, 1)
+    provider = MemoryProvider()
+    provider.gate = asyncio.Event()
+    worker = make_worker(db, async_engine, provider)
+
+    async def swept_behind_its_back() -> bool:
+        if get(db, mid).status != Status.PROCESSING:
+            return False
+        # Another replica's sweep, as if this worker had stalled past its lease.
+        async with async_engine.begin() as conn:
+            await run_async(
+                conn,
+                store.sweep_expired(
+                    db.dialect, now=datetime.now(UTC) + timedelta(hours=1), actor="other"
+                ),
+            )
+        provider.gate.set()
+        return True
+
+    await run_until(worker, swept_behind_its_back)
+    await run_until(worker, lambda: worker.stats["stale"] == 1)
+    row = get(db, mid)
+    assert row.status == Status.UNKNOWN and row.provider_message_id is None
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if "stale" in line]
+    assert lines and lines[0]["provider_message_id"] == f"mem-{mid}-1"
+
+
+async def test_a_batch_provider_gets_chunks_of_its_batch_size(db, async_engine):
+    enqueue(db, 25)
+    provider = MemoryProvider(max_batch_size=10)
+    worker = make_worker(db, async_engine, provider, batch_size=25, concurrency=25)
+    await run_until(worker, all_in(db, Status.SENT, total=25))
+    assert max(provider.batches) == 10 and sum(provider.batches) == 25
+
+
+async def test_claimed_but_unstarted_messages_are_released_at_shutdown(db, async_engine):
+    ids = enqueue(db, 3)
+    provider = MemoryProvider()
+    worker = make_worker(db, async_engine, provider)
+    async with async_engine.begin() as conn:
+        claim = await run_async(
+            conn,
+            store.claim(
+                db.dialect,
+                worker_id="test-worker",
+                now=datetime.now(UTC),
+                lease=timedelta(seconds=60),
+                limit=10,
+            ),
+        )
+    worker.stopping = True  # the shutdown began between the claim and the sends
+    worker._dispatch(claim)
+    finalizer = asyncio.create_task(worker._write_outcomes())
+    await worker._drain()
+    finalizer.cancel()
+    assert provider.sent == []
+    rows = [get(db, i) for i in ids]
+    assert {(r.status, r.attempt_count) for r in rows} == {(Status.PENDING, 0)}
+
+
+async def test_the_worker_survives_a_database_it_cannot_reach(tmp_path):
+    """A worker pointed at a database that refuses connections keeps running and backing off."""
+    from mailbag.store.database import make_async_engine
+
+    engine = make_async_engine("postgresql://nobody@127.0.0.1:1/none")
+    worker = Worker(
+        engine=engine,
+        provider=MemoryProvider(),
+        catalog=builtin(),
+        config=WorkerConfig(worker_id="w", poll_interval=0.05, db_backoff=(0.05, 0.2)),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await asyncio.sleep(0.8)
+    assert not task.done()
+    assert worker.db_backoff.failures >= 3
+    stop.set()
+    await task
+    await engine.dispose()
+
+
+def test_the_memory_provider_is_found_through_the_public_registry():
+    assert "memory" in providers.available()
+    assert isinstance(providers.create("memory", Settings()), MemoryProvider)
+
+
+def test_an_unknown_provider_is_a_clear_error():
+    with pytest.raises(providers.UnknownProvider, match="available: .*smtp"):
+        providers.create("carrier-pigeon", Settings())
+
+
+def test_logging_never_prints_secrets(capsys):
+    from mailbag import log
+
+    log.configure()
+    log.get("t").info("event", smtp_password="hunter2", api_key="k-123", key_hash="ab")
+    line = capsys.readouterr().err
+    assert "hunter2" not in line and "k-123" not in line and '"key_hash": "ab"' in line
+    assert logging.getLogger("alembic").level == logging.WARNING
