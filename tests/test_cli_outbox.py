@@ -9,8 +9,9 @@ import uuid
 import pytest
 from typer.testing import CliRunner
 
-from helpers import count_rows
 from mailbag.cli import app
+
+from helpers import count_rows
 
 runner = CliRunner()
 

@@ -9,7 +9,6 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, text
 
-from helpers import LEASE, T0, claim, count_rows, enqueue, events, finalize, get, message, sweep
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.states import Action, Status
 from mailbag.services import outbox as outbox_service
@@ -17,6 +16,8 @@ from mailbag.store import outbox as store
 from mailbag.store.outbox import Finalization
 from mailbag.store.plan import run, run_async
 from mailbag.store.schema import message_events, outbox_messages
+
+from helpers import LEASE, T0, claim, count_rows, enqueue, events, finalize, get, message, sweep
 
 LATER = T0 + timedelta(days=365)
 

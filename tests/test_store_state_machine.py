@@ -22,12 +22,13 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import select
 
-from helpers import T0, message
 from mailbag.domain.states import CLAIMABLE, Action, Status, can_move
 from mailbag.store import outbox as store
 from mailbag.store.outbox import Finalization
 from mailbag.store.plan import run
 from mailbag.store.schema import message_events, outbox_messages
+
+from helpers import T0, message
 
 LEASE = timedelta(seconds=60)
 FINAL_ACTIONS = [

@@ -10,8 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from helpers import get
-from memory_provider import MemoryProvider
+
 from mailbag import providers
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected
 from mailbag.domain.message import new_message
@@ -24,6 +23,9 @@ from mailbag.store.database import READ_ONLY
 from mailbag.store.plan import run, run_async
 from mailbag.templates import builtin
 from mailbag.worker import Worker, WorkerConfig
+
+from helpers import get
+from memory_provider import MemoryProvider
 
 FAST_RETRY = RetryPolicy(
     max_attempts=3, base=timedelta(milliseconds=20), cap=timedelta(milliseconds=50)
@@ -285,7 +287,7 @@ def test_the_memory_provider_is_found_through_the_public_registry():
 
 
 def test_an_unknown_provider_is_a_clear_error():
-    with pytest.raises(providers.UnknownProvider, match="available: .*smtp"):
+    with pytest.raises(providers.UnknownProvider, match=r"available: .*smtp"):
         providers.create("carrier-pigeon", Settings())
 
 
