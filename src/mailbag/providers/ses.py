@@ -244,7 +244,11 @@ class SESProvider(SendOneByOne):
         except (ValueError, MessageError) as error:
             return Rejected(redact(f"cannot build the SES request: {error}"))
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, partial(self._send_blocking, request))
+        try:
+            pending = loop.run_in_executor(self._executor, partial(self._send_blocking, request))
+        except RuntimeError:  # aclose() shut the pool down after the check above
+            return Disabled("the SES provider is closed")
+        return await pending
 
     async def aclose(self) -> None:
         if self._closed:
