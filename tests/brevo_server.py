@@ -1,0 +1,540 @@
+"""A real HTTP server that behaves like Brevo's transactional email API, for tests.
+
+It listens on 127.0.0.1 (a free port) in a background thread and speaks HTTP/1.1 with
+keep-alive, so a client under test goes through its real connection pool, timeouts and
+error paths. What it implements of Brevo:
+
+- `POST /v3/smtp/email`: the `api-key` header (else 401 `unauthorized`); the body's shape
+  (single: a non-empty `to`; batch: 1..1000 `messageVersions`, no outer `to`; else 400
+  `invalid_parameter`); 201 `{"messageId"}` or `{"messageIds": [...]}` in version order.
+- idempotency: a `headers.idempotencyKey` (a UUID) seen within the window is not delivered
+  again. Brevo documents answering such a repeat with 400 `duplicate_parameter`; that is
+  the default here (`duplicate_key="reject"`); `duplicate_key="replay"` answers 201 with
+  the first request's ids instead.
+- `GET /v3/smtp/emails?messageId=|email=`: what it accepted, as Brevo lists it.
+
+Failure injection (each applies to the next matching requests, in the order added):
+`fail_next` answers a given status/body/headers without processing the request;
+`hang_after_accept` accepts the request (it counts as delivered) and then holds the answer
+past the client's timeout; `drop_after_accept` accepts it and closes the connection without
+answering; `reject_recipient` makes any request naming that address fail with 400.
+
+    with BrevoServer() as brevo:
+        provider = BrevoProvider(api_key=brevo.api_key, base_url=brevo.url)
+        ...
+        assert len(brevo.delivered()) == 1
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import parse_qs, urlsplit
+
+SEND_PATH = "/v3/smtp/email"
+LIST_PATH = "/v3/smtp/emails"
+DEFAULT_API_KEY = "xkeysib-test-0000000000000000-brevo-server"
+MAX_VERSIONS = 1000
+MAX_RECIPIENTS_PER_VERSION = 99
+MAX_RECIPIENTS_PER_CALL = 2000
+VERSION_FIELDS = frozenset(
+    {"to", "params", "bcc", "cc", "replyTo", "subject", "htmlContent", "textContent"}
+)
+Json = Any
+
+
+class Endpoint(enum.StrEnum):
+    SEND = "send"  # POST /v3/smtp/email
+    LOOKUP = "lookup"  # GET /v3/smtp/emails
+    ANY = "any"
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str  # without the query
+    query: dict[str, list[str]]
+    headers: dict[str, str]  # names in lower case
+    json: Json  # the parsed body; None when there was none or it was not JSON
+
+    @property
+    def is_send(self) -> bool:
+        return self.method == "POST" and self.path == SEND_PATH
+
+    @property
+    def versions(self) -> list[dict[str, Any]]:
+        """The message versions of a batch send; empty for anything else."""
+        if isinstance(self.json, dict) and isinstance(self.json.get("messageVersions"), list):
+            return list(self.json["messageVersions"])
+        return []
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One email Brevo took: a single send, or one version of a batch."""
+
+    message_id: str
+    uuid: str
+    sender: dict[str, Any]
+    to: list[dict[str, Any]]
+    subject: str
+    html: str | None
+    text: str | None
+    headers: dict[str, str]
+    tags: list[str]
+    idempotency_key: str | None
+    accepted_at: datetime
+
+    @property
+    def to_emails(self) -> list[str]:
+        return [recipient["email"] for recipient in self.to]
+
+    def listed(self, recipient: str) -> dict[str, Any]:
+        """How `GET /v3/smtp/emails` shows it, for one recipient."""
+        return {
+            "email": recipient,
+            "subject": self.subject,
+            "messageId": self.message_id,
+            "uuid": self.uuid,
+            "date": self.accepted_at.isoformat(timespec="milliseconds"),
+            "from": self.sender.get("email"),
+            "tags": list(self.tags),
+        }
+
+
+@dataclass
+class _Fault:
+    kind: Literal["respond", "hang", "drop"]
+    endpoint: Endpoint
+    remaining: int
+    status: int = 0
+    body: Json = None
+    headers: dict[str, str] = field(default_factory=dict)
+    hang_seconds: float = 0.0
+
+    def matches(self, endpoint: Endpoint) -> bool:
+        return self.endpoint is Endpoint.ANY or self.endpoint is endpoint
+
+
+@dataclass(frozen=True)
+class _Reply:
+    status: int
+    body: Json
+    headers: dict[str, str] = field(default_factory=dict)
+    after_accept: _Fault | None = None  # a hang or drop to act out instead of answering
+
+
+class _InvalidRequest(Exception):
+    def __init__(self, message: str, code: str = "invalid_parameter") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class BrevoServer:
+    def __init__(
+        self,
+        api_key: str = DEFAULT_API_KEY,
+        *,
+        idempotency_window: timedelta = timedelta(minutes=30),
+        duplicate_key: Literal["reject", "replay"] = "reject",
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.api_key = api_key
+        self.idempotency_window = idempotency_window
+        self.duplicate_key = duplicate_key
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._release = threading.Event()  # lets held (hanging) answers go at once
+        self._requests: list[RecordedRequest] = []
+        self._deliveries: list[Delivery] = []
+        self._faults: list[_Fault] = []
+        self._rejected_recipients: dict[str, str] = {}
+        self._keys: dict[str, tuple[datetime, list[str]]] = {}  # key -> (first seen, ids)
+        self._counter = itertools.count(1)
+        self._http: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> BrevoServer:
+        http = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        http.daemon_threads = True  # a held answer must never keep the test run alive
+        http.brevo = self  # type: ignore[attr-defined]
+        self._http = http
+        # A short poll interval: `stop` waits up to one interval for the loop to notice.
+        self._thread = threading.Thread(
+            target=http.serve_forever, kwargs={"poll_interval": 0.05}, name="brevo-server"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._release.set()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._http = self._thread = None
+
+    def __enter__(self) -> BrevoServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._http is not None, "start the server first"
+        host, port = self._http.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    # --- what happened -------------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    def send_requests(self) -> list[RecordedRequest]:
+        return [request for request in self.requests if request.is_send]
+
+    def delivered(self) -> list[Delivery]:
+        """Distinct deliveries, in the order accepted; a deduplicated repeat adds none."""
+        with self._lock:
+            return list(self._deliveries)
+
+    def clear(self) -> None:
+        """Forget requests, deliveries, keys and pending faults (the key and port stay)."""
+        with self._lock:
+            self._requests.clear()
+            self._deliveries.clear()
+            self._faults.clear()
+            self._rejected_recipients.clear()
+            self._keys.clear()
+
+    # --- failure injection ---------------------------------------------------------------
+
+    def fail_next(
+        self,
+        status: int,
+        body: Json = None,
+        *,
+        headers: dict[str, str] | None = None,
+        times: int = 1,
+        endpoint: Endpoint = Endpoint.SEND,
+    ) -> None:
+        """The next `times` matching requests get this answer and are not processed."""
+        if body is None:
+            body = {"code": _code_for(status), "message": f"injected failure {status}"}
+        self._add(_Fault("respond", endpoint, times, status, body, dict(headers or {})))
+
+    def rate_limit_next(self, reset_seconds: int, *, times: int = 1) -> None:
+        """429 as Brevo sends it, with its x-sib-ratelimit-* headers."""
+        self.fail_next(
+            429,
+            {"code": "too_many_requests", "message": "The expected rate limit is exceeded."},
+            headers={
+                "x-sib-ratelimit-limit": "1000",
+                "x-sib-ratelimit-remaining": "0",
+                "x-sib-ratelimit-reset": str(reset_seconds),
+            },
+            times=times,
+        )
+
+    def hang_after_accept(self, *, times: int = 1, seconds: float = 10.0) -> None:
+        """Accept the next `times` sends (they are delivered), then hold each answer for
+        `seconds` (or until `stop`/`release_held`): the client times out not knowing."""
+        self._add(_Fault("hang", Endpoint.SEND, times, hang_seconds=seconds))
+
+    def drop_after_accept(self, *, times: int = 1) -> None:
+        """Accept the next `times` sends (they are delivered), then close the connection
+        without answering."""
+        self._add(_Fault("drop", Endpoint.SEND, times))
+
+    def reject_recipient(self, address: str, message: str | None = None) -> None:
+        """Any send naming this address (in `to` or in any version) fails with 400."""
+        with self._lock:
+            self._rejected_recipients[address.lower()] = (
+                message or f"email is not valid in to: {address}"
+            )
+
+    def release_held(self) -> None:
+        self._release.set()
+
+    def _add(self, fault: _Fault) -> None:
+        if fault.remaining < 1:
+            raise ValueError("times must be at least 1")
+        with self._lock:
+            self._faults.append(fault)
+
+    def _take_fault(self, endpoint: Endpoint, kinds: set[str]) -> _Fault | None:
+        """Consume one use of the first fault for this endpoint, if it is of these kinds.
+        Called with the lock held."""
+        for fault in self._faults:
+            if fault.matches(endpoint):
+                if fault.kind not in kinds:
+                    return None
+                fault.remaining -= 1
+                if fault.remaining == 0:
+                    self._faults.remove(fault)
+                return fault
+        return None
+
+    # --- the API ---------------------------------------------------------------------------
+
+    def handle(self, request: RecordedRequest) -> _Reply:
+        """Decide the answer to one request (called from a handler thread)."""
+        with self._lock:
+            self._requests.append(request)
+            endpoint = _endpoint_of(request.path)
+            if endpoint is None:
+                return _Reply(404, {"code": "not_found", "message": "Invalid route"})
+            if (request.method, endpoint) not in {
+                ("POST", Endpoint.SEND),
+                ("GET", Endpoint.LOOKUP),
+            }:
+                return _Reply(405, {"code": "method_not_allowed", "message": "Not allowed"})
+            injected = self._take_fault(endpoint, {"respond"})
+            if injected is not None:
+                return _Reply(injected.status, injected.body, injected.headers)
+            if request.headers.get("api-key") != self.api_key:
+                return _Reply(401, {"code": "unauthorized", "message": "Key not found"})
+            try:
+                if endpoint is Endpoint.LOOKUP:
+                    return _Reply(200, self._list(request.query))
+                return self._send(request.json)
+            except _InvalidRequest as exc:
+                return _Reply(400, {"code": exc.code, "message": str(exc)})
+
+    def _send(self, body: Json) -> _Reply:
+        versions = _validate_send(body)
+        for version in versions:
+            for recipient in version["to"]:
+                reason = self._rejected_recipients.get(recipient["email"].lower())
+                if reason is not None:
+                    raise _InvalidRequest(reason)
+        now = self.clock()
+        key = (body.get("headers") or {}).get("idempotencyKey")
+        if key is not None:
+            seen = self._keys.get(key)
+            if seen is not None and now - seen[0] < self.idempotency_window:
+                if self.duplicate_key == "reject":
+                    raise _InvalidRequest(
+                        "A request with this idempotencyKey was already processed",
+                        code="duplicate_parameter",
+                    )
+                return _Reply(201, _ids_body(body, seen[1]))
+        ids = [self._accept(body, version, key, now) for version in versions]
+        if key is not None:
+            self._keys[key] = (now, ids)
+        after = self._take_fault(Endpoint.SEND, {"hang", "drop"})
+        return _Reply(201, _ids_body(body, ids), after_accept=after)
+
+    def _accept(
+        self, body: dict[str, Any], version: dict[str, Any], key: str | None, now: datetime
+    ) -> str:
+        message_id = f"<{now:%Y%m%d%H%M%S}.{next(self._counter):011d}@smtp-relay.mailin.fr>"
+        headers = dict(body.get("headers") or {})
+        self._deliveries.append(
+            Delivery(
+                message_id=message_id,
+                uuid=str(uuid.uuid4()),
+                sender=dict(body["sender"]),
+                to=[dict(recipient) for recipient in version["to"]],
+                subject=version.get("subject", body.get("subject", "")),
+                html=version.get("htmlContent", body.get("htmlContent")),
+                text=version.get("textContent", body.get("textContent")),
+                headers={k: v for k, v in headers.items() if k != "idempotencyKey"},
+                tags=list(body.get("tags") or []),
+                idempotency_key=key,
+                accepted_at=now,
+            )
+        )
+        return message_id
+
+    def _list(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        message_id = _one(query, "messageId")
+        address = _one(query, "email")
+        if message_id is None and address is None and _one(query, "templateId") is None:
+            raise _InvalidRequest(
+                "email, templateId or messageId is required", code="missing_parameter"
+            )
+        limit, offset = int(_one(query, "limit") or 500), int(_one(query, "offset") or 0)
+        if not 0 <= limit <= 1000:
+            raise _InvalidRequest("limit must be between 0 and 1000")
+        records = [
+            delivery.listed(recipient)
+            for delivery in self._deliveries
+            for recipient in delivery.to_emails
+            if (message_id is None or delivery.message_id == message_id)
+            and (address is None or recipient.lower() == address.lower())
+        ]
+        if _one(query, "sort") != "asc":
+            records.reverse()  # Brevo lists newest first by default
+        return {"count": len(records), "transactionalEmails": records[offset : offset + limit]}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, like the real API
+    server: ThreadingHTTPServer
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    def do_POST(self) -> None:
+        self._serve()
+
+    def do_PUT(self) -> None:
+        self._serve()
+
+    def do_DELETE(self) -> None:
+        self._serve()
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+        return None
+
+    def _serve(self) -> None:
+        brevo: BrevoServer = self.server.brevo  # type: ignore[attr-defined]
+        raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        try:
+            parsed: Json = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = None
+        url = urlsplit(self.path)
+        request = RecordedRequest(
+            method=self.command,
+            path=url.path,
+            query=parse_qs(url.query),
+            headers={name.lower(): value for name, value in self.headers.items()},
+            json=parsed,
+        )
+        reply = brevo.handle(request)
+        fault = reply.after_accept
+        if fault is not None and fault.kind == "drop":
+            self.close_connection = True  # accepted, and no answer at all
+            return
+        if fault is not None and fault.kind == "hang":
+            brevo._release.wait(fault.hang_seconds)
+            self.close_connection = True
+        self._write(reply)
+
+    def _write(self, reply: _Reply) -> None:
+        payload = json.dumps(reply.body).encode() if reply.body is not None else b""
+        try:
+            self.send_response(reply.status)
+            self.send_header("content-type", "application/json; charset=utf-8")
+            self.send_header("content-length", str(len(payload)))
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(payload)
+        except OSError:  # the client gave up (a held answer): nothing to tell
+            self.close_connection = True
+
+
+def _endpoint_of(path: str) -> Endpoint | None:
+    return {SEND_PATH: Endpoint.SEND, LIST_PATH: Endpoint.LOOKUP}.get(path.rstrip("/"))
+
+
+def _one(query: dict[str, list[str]], name: str) -> str | None:
+    values = query.get(name)
+    return values[0] if values else None
+
+
+def _ids_body(body: dict[str, Any], ids: list[str]) -> dict[str, Any]:
+    return {"messageIds": ids} if "messageVersions" in body else {"messageId": ids[0]}
+
+
+def _code_for(status: int) -> str:
+    return {
+        400: "invalid_parameter",
+        401: "unauthorized",
+        402: "not_enough_credits",
+        403: "permission_denied",
+        404: "document_not_found",
+        422: "unprocessable_entity",
+        429: "too_many_requests",
+    }.get(status, "internal_error" if status >= 500 else "bad_request")
+
+
+def _validate_send(body: Json) -> list[dict[str, Any]]:
+    """Check a send body the way Brevo does; return its versions (a single send is one
+    version: its outer `to`). Raises _InvalidRequest."""
+    if not isinstance(body, dict):
+        raise _InvalidRequest("Input must be a JSON object")
+    sender = body.get("sender")
+    if not isinstance(sender, dict) or not _is_address(sender.get("email")):
+        raise _InvalidRequest("sender is missing or its email is not valid", "missing_parameter")
+    if not isinstance(body.get("subject"), str) or not body["subject"]:
+        raise _InvalidRequest("subject is missing", "missing_parameter")
+    if not any(isinstance(body.get(k), str) and body[k] for k in ("htmlContent", "textContent")):
+        raise _InvalidRequest("htmlContent or textContent is missing", "missing_parameter")
+    headers = body.get("headers", {})
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise _InvalidRequest("headers must be an object of strings")
+    if "idempotencyKey" in headers:
+        try:
+            uuid.UUID(headers["idempotencyKey"])
+        except ValueError:
+            raise _InvalidRequest("idempotencyKey must be a valid UUID") from None
+    tags = body.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags):
+        raise _InvalidRequest("tags must be a list of strings")
+
+    if "messageVersions" not in body:
+        _validate_recipients(body.get("to"), "to")
+        return [{"to": body["to"]}]
+    if "to" in body:
+        raise _InvalidRequest("to must not be passed with messageVersions")
+    versions = body["messageVersions"]
+    if not isinstance(versions, list) or not 1 <= len(versions) <= MAX_VERSIONS:
+        raise _InvalidRequest(f"messageVersions must hold 1 to {MAX_VERSIONS} versions")
+    total = 0
+    for number, version in enumerate(versions):
+        if not isinstance(version, dict):
+            raise _InvalidRequest(f"messageVersions[{number}] must be an object")
+        unknown = set(version) - VERSION_FIELDS
+        if unknown:
+            raise _InvalidRequest(f"messageVersions[{number}]: unknown {sorted(unknown)}")
+        _validate_recipients(version.get("to"), f"messageVersions[{number}].to")
+        if len(version["to"]) > MAX_RECIPIENTS_PER_VERSION:
+            raise _InvalidRequest(f"messageVersions[{number}].to: at most 99 recipients")
+        total += len(version["to"])
+        for text_field in ("subject", "htmlContent", "textContent"):
+            if text_field in version and not isinstance(version[text_field], str):
+                raise _InvalidRequest(f"messageVersions[{number}].{text_field} must be a string")
+    if total > MAX_RECIPIENTS_PER_CALL:
+        raise _InvalidRequest(f"at most {MAX_RECIPIENTS_PER_CALL} recipients per request")
+    return versions
+
+
+def _validate_recipients(recipients: Json, where: str) -> None:
+    if not isinstance(recipients, list) or not recipients:
+        raise _InvalidRequest(f"{where} is missing or empty", "missing_parameter")
+    for recipient in recipients:
+        if not isinstance(recipient, dict) or not _is_address(recipient.get("email")):
+            raise _InvalidRequest(f"email is not valid in {where}")
+        if "name" in recipient and not isinstance(recipient["name"], str):
+            raise _InvalidRequest(f"name must be a string in {where}")
+
+
+def _is_address(value: Json) -> bool:
+    return isinstance(value, str) and "@" in value.strip("@")
