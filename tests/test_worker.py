@@ -299,3 +299,21 @@ def test_logging_never_prints_secrets(capsys):
     line = capsys.readouterr().err
     assert "hunter2" not in line and "k-123" not in line and '"key_hash": "ab"' in line
     assert logging.getLogger("alembic").level == logging.WARNING
+
+
+async def test_a_keyed_retry_is_never_sent_inside_a_batch(db, async_engine):
+    ids = enqueue(db, 4)
+    first = ids[0]
+
+    def script(email: Any, nth: int) -> Any:
+        if email.message_id == first and nth == 1:
+            return Ambiguous("read timeout")
+        return Accepted(f"p-{nth}")
+
+    provider = MemoryProvider(script, max_batch_size=10,
+                              idempotency_window=timedelta(minutes=30))
+    worker = make_worker(db, async_engine, provider, batch_size=10, concurrency=10)
+    await run_until(worker, all_in(db, Status.SENT, total=4))
+    retry = [e for e in provider.sent if e.message_id == first]
+    assert len(retry) == 2 and retry[0].idempotency_key == retry[1].idempotency_key
+    assert provider.batches[-1] == 1  # the keyed retry went alone

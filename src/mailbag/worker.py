@@ -264,9 +264,12 @@ class Worker:
     def _dispatch(self, claim: store.Claim) -> None:
         for message in claim.messages:
             self.in_flight[message.id] = InFlight(claim.token, message)
+        # A retry under an ambiguous send's idempotency key must go alone: a batch call
+        # carries no per-email key, so the provider could not deduplicate it.
+        keyed = [[m] for m in claim.messages if m.ambiguous_since is not None]
+        rest = [m for m in claim.messages if m.ambiguous_since is None]
         size = max(1, self.provider.max_batch_size)
-        for start in range(0, len(claim.messages), size):
-            chunk = claim.messages[start : start + size]
+        for chunk in keyed + [rest[i : i + size] for i in range(0, len(rest), size)]:
             task = asyncio.create_task(self._send_chunk(claim.token, chunk))
             self.send_tasks.add(task)
             task.add_done_callback(self.send_tasks.discard)
