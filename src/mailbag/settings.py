@@ -74,6 +74,14 @@ class Settings(BaseSettings):
     worker_id: str = Field(default_factory=default_worker_id)
 
     admin_password: SecretStr | None = None
+
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(8025, ge=0, le=65535)
+    idempotency_ttl_hours: float = Field(24.0, gt=0)
+    max_body_bytes: int = Field(256 * 1024, ge=1024)
+    verification_ttl_minutes: float = Field(24 * 60.0, gt=0)
+    verification_sends_per_email_per_hour: int = Field(5, ge=1)
+    verification_sends_per_tenant_per_hour: int = Field(1000, ge=1)
     log_level: str = "INFO"
 
     @field_validator("database_url")

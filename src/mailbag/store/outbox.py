@@ -2,15 +2,8 @@
 
 Each change is ONE conditional UPDATE guarded by the states the domain's transition table
 allows (and, for finalizes, by the claim token). It returns the rows it changed, and the
-same transaction appends one `message_events` row per change. Dialects differ in one
-place, `_transition`:
-
-- PostgreSQL: `WITH locked AS (SELECT ... FOR UPDATE [SKIP LOCKED]) UPDATE ... FROM locked
-  RETURNING ...`, one statement that also reports each row's previous state;
-- SQLite: the candidate SELECT and a conditional `UPDATE ... RETURNING` inside one
-  BEGIN IMMEDIATE transaction (SQLite has one writer at a time, so nothing runs between);
-- MariaDB/MySQL (no `UPDATE ... RETURNING`): `SELECT ... FOR UPDATE [SKIP LOCKED]`, then the
-  conditional `UPDATE` of the locked ids, then a read of the result, in one short transaction.
+same transaction appends one `message_events` row per change. How each database runs a
+guarded UPDATE is in one place, `transition.guarded_update`.
 
 Nothing here holds a transaction across provider I/O: callers claim, commit, send, then
 finalize in a new transaction.
@@ -50,6 +43,7 @@ from mailbag.domain.states import Action, Status
 from mailbag.store.database import Dialect
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import message_events, outbox_messages
+from mailbag.store.transition import guarded_update
 from mailbag.store.types import UTCDateTime
 
 om = outbox_messages
@@ -149,40 +143,17 @@ def _transition(
     event_detail: Callable[[Message], str | None] = lambda m: None,
 ) -> Plan[list[Changed]]:
     """Apply `values` to the rows matching `where` (and allowed by `action`), log the events."""
-    guard = and_(_allowed_by(action), where)
-    values = {**values, "updated_at": now}
-    candidates = select(om.c.id, om.c.status.label("from_status")).where(guard)
-    if order_by:
-        candidates = candidates.order_by(*order_by)
-    if limit is not None:
-        candidates = candidates.limit(limit)
-
-    if dialect == "postgresql":
-        locked = candidates.with_for_update(skip_locked=skip_locked).cte("locked")
-        statement = (
-            update(om)
-            .where(om.c.id == locked.c.id)
-            .values(values)
-            .returning(*om.c, locked.c.from_status)
-        )
-        rows = (yield Step(statement)).all()
-        from_status = {row.id: Status(row.from_status) for row in rows}
-    else:
-        if dialect == "mysql":
-            candidates = candidates.with_for_update(skip_locked=skip_locked)
-        picked = (yield Step(candidates)).all()
-        if not picked:
-            return []
-        from_status = {row.id: Status(row.from_status) for row in picked}
-        ids = list(from_status)
-        guarded = update(om).where(om.c.id.in_(ids), guard).values(values)
-        if dialect == "sqlite":
-            rows = (yield Step(guarded.returning(*om.c))).all()
-        else:
-            yield Step(guarded)
-            rows = (yield Step(select(om).where(om.c.id.in_(ids)))).all()
-
-    changed = [Changed(_message(row), from_status[row.id]) for row in rows]
+    updated = yield from guarded_update(
+        dialect,
+        om,
+        state="status",
+        guard=and_(_allowed_by(action), where),
+        values={**values, "updated_at": now},
+        order_by=order_by,
+        limit=limit,
+        skip_locked=skip_locked,
+    )
+    changed = [Changed(_message(row), Status(previous)) for row, previous in updated]
     if changed:
         yield Step(
             insert(message_events),

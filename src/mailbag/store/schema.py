@@ -23,6 +23,7 @@ from sqlalchemy import (
 
 from mailbag.domain import message as limits
 from mailbag.domain.states import CLAIMABLE, Status
+from mailbag.domain.verification import ACTIVE, VState
 from mailbag.store.types import UTCDateTime, bigint_pk, json_type
 
 NAMING = {
@@ -42,6 +43,8 @@ def _sql_list(statuses: frozenset[Status] | set[Status]) -> str:
 CLAIMABLE_SQL = f"status IN ({_sql_list(CLAIMABLE)})"
 STATUS_CHECK_SQL = f"status IN ({_sql_list(set(Status))})"
 PROCESSING_SQL = f"status = '{Status.PROCESSING.value}'"
+V_ACTIVE_SQL = "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(ACTIVE)))
+V_STATE_CHECK_SQL = "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(VState)))
 
 
 def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
@@ -141,6 +144,131 @@ def _message_events(md: MetaData) -> Table:
     )
 
 
+def _tenants(md: MetaData) -> Table:
+    return Table(
+        "tenants",
+        md,
+        Column("id", String(limits.TENANT_ID_MAX), primary_key=True),
+        Column("name", String(200), nullable=False),
+        Column("api_key_digest", String(64), nullable=False),
+        Column("api_key_prefix", String(16), nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        Index(None, "name", unique=True),
+        Index(None, "api_key_digest", unique=True),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+    )
+
+
+def _idempotency_records(md: MetaData) -> Table:
+    return Table(
+        "idempotency_records",
+        md,
+        Column("id", bigint_pk(), primary_key=True, autoincrement=True),
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("idempotency_key", String(limits.IDEMPOTENCY_KEY_MAX), nullable=False),
+        Column("operation", String(100), nullable=False),
+        Column("fingerprint", String(64), nullable=False),
+        Column("resource_id", String(64)),
+        Column("response_status", Integer),
+        Column("response_body", json_type()),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("expires_at", UTCDateTime, nullable=False),
+        Index(None, "tenant_id", "idempotency_key", unique=True),
+        Index(None, "expires_at"),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+    )
+
+
+def _email_verifications(md: MetaData, dialect: str | None) -> Table:
+    table = Table(
+        "email_verifications",
+        md,
+        Column("id", Uuid, primary_key=True),
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("email", String(limits.ADDRESS_MAX), nullable=False),
+        Column("state", String(STATUS_LENGTH), nullable=False),
+        Column("token_digest", String(64), nullable=False),
+        Column("expires_at", UTCDateTime, nullable=False),
+        Column("confirm_attempts", Integer, nullable=False),
+        Column("send_count", Integer, nullable=False),
+        Column("message_id", Uuid),
+        Column("template_name", String(limits.TEMPLATE_NAME_MAX), nullable=False),
+        Column("redirect_url", String(2000)),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("updated_at", UTCDateTime, nullable=False),
+        Column("sent_at", UTCDateTime),
+        Column("verified_at", UTCDateTime),
+        CheckConstraint(V_STATE_CHECK_SQL, name="state"),
+        Index(None, "message_id"),
+        Index(None, "tenant_id", "email", "created_at"),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+    )
+    if _is_mysql(dialect):
+        # The partial unique index of the other databases, emulated: NULL (never a
+        # duplicate) unless the verification is active.
+        table.append_column(
+            Column(
+                "active_email",
+                String(limits.ADDRESS_MAX),
+                Computed(f"CASE WHEN {V_ACTIVE_SQL} THEN email END", persisted=True),
+            )
+        )
+        Index(None, table.c.tenant_id, table.c.active_email, unique=True)
+    else:
+        Index(
+            "ix_email_verifications_active_email",
+            table.c.tenant_id,
+            table.c.email,
+            unique=True,
+            postgresql_where=text(V_ACTIVE_SQL),
+            sqlite_where=text(V_ACTIVE_SQL),
+        )
+    return table
+
+
+def _verification_events(md: MetaData) -> Table:
+    return Table(
+        "verification_events",
+        md,
+        Column("id", bigint_pk(), primary_key=True, autoincrement=True),
+        Column(
+            "verification_id",
+            Uuid,
+            ForeignKey("email_verifications.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        Column("from_state", String(STATUS_LENGTH)),
+        Column("to_state", String(STATUS_LENGTH), nullable=False),
+        Column("at", UTCDateTime, nullable=False),
+        Column("actor", String(200), nullable=False),
+        Column("message_id", Uuid),
+        Column("detail", String(limits.ERROR_MAX)),
+        Index(None, "verification_id", "id"),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+    )
+
+
+def _verification_sends(md: MetaData) -> Table:
+    """One row per verification email sent: what the send limits count."""
+    return Table(
+        "verification_sends",
+        md,
+        Column("id", bigint_pk(), primary_key=True, autoincrement=True),
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("email", String(limits.ADDRESS_MAX), nullable=False),
+        Column("verification_id", Uuid, nullable=False),
+        Column("at", UTCDateTime, nullable=False),
+        Index(None, "tenant_id", "email", "at"),
+        Index(None, "tenant_id", "at"),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+    )
+
+
 def _is_mysql(dialect: str | None) -> bool:
     return dialect in ("mysql", "mariadb")
 
@@ -149,12 +277,22 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     md = MetaData(naming_convention=NAMING)
     _outbox_messages(md, dialect)
     _message_events(md)
+    _tenants(md)
+    _idempotency_records(md)
+    _email_verifications(md, dialect)
+    _verification_events(md)
+    _verification_sends(md)
     return md
 
 
 metadata = build_metadata()
 outbox_messages = metadata.tables["outbox_messages"]
 message_events = metadata.tables["message_events"]
+tenants = metadata.tables["tenants"]
+idempotency_records = metadata.tables["idempotency_records"]
+email_verifications = metadata.tables["email_verifications"]
+verification_events = metadata.tables["verification_events"]
+verification_sends = metadata.tables["verification_sends"]
 _mysql_metadata = build_metadata("mysql")
 
 
