@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import uuid
 from datetime import datetime, timedelta
@@ -21,9 +22,12 @@ from mailbag.domain import states
 from mailbag.domain.message import InvalidMessage, new_message
 from mailbag.domain.states import Status
 from mailbag.services import outbox as outbox_service
+from mailbag.services import tenants as tenant_service
 from mailbag.settings import Settings
+from mailbag.store import idempotency as idempotency_store
 from mailbag.store import migrate as migrations
 from mailbag.store import outbox as store
+from mailbag.store import tenants as tenant_store
 from mailbag.store.database import dialect_of, make_engine
 from mailbag.store.plan import run
 
@@ -227,14 +231,20 @@ def purge(
     cutoff = utcnow() - parse_age(older_than)
     engine = migrated_engine(settings)
     dialect = dialect_of(settings.database_url)
-    total = 0
+    total = records = 0
     while True:
         with engine.begin() as conn:
             deleted = run(conn, store.purge(dialect, older_than=cutoff))
         total += deleted
         if deleted < 1000:
             break
-    typer.echo(f"purged {total} message(s)")
+    while True:  # expired idempotency records, whatever --older-than says
+        with engine.begin() as conn:
+            dropped = run(conn, idempotency_store.purge_expired(utcnow()))
+        records += dropped
+        if dropped < 1000:
+            break
+    typer.echo(f"purged {total} message(s) and {records} expired idempotency record(s)")
 
 
 @app.command()
@@ -258,14 +268,77 @@ def worker(
 
 @app.command()
 def serve() -> None:
-    """Everything in one process: migrate, then run the worker (the embedded default)."""
+    """Everything in one process: migrate, then run the API and the worker."""
     settings = load_settings()
     log.configure(settings.log_level)
     check_provider(settings)
     runtime.ensure_schema(settings, upgrade=True)
+    typer.echo(
+        f"mailbag: API on http://{settings.api_host}:{settings.api_port} (docs at /docs)", err=True
+    )
     if settings.provider == "file":
         typer.echo(f"mailbag: emails are written to {settings.file_dir.resolve()}", err=True)
-    asyncio.run(runtime.run_worker(settings))
+    asyncio.run(runtime.run_serve(settings))
+
+
+@app.command()
+def api(
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
+    workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
+) -> None:
+    """Serve the HTTP API (and the console) with uvicorn."""
+    settings = load_settings(api_host=host, api_port=port)
+    log.configure(settings.log_level)
+    try:
+        runtime.ensure_schema(settings, upgrade=False)
+    except runtime.SchemaNotCurrent as exc:
+        fail(str(exc), code=1)
+    import uvicorn
+
+    # Worker processes read their settings from the environment, so pass overrides there.
+    os.environ["MAILBAG_API_HOST"], os.environ["MAILBAG_API_PORT"] = (
+        settings.api_host,
+        str(settings.api_port),
+    )
+    uvicorn.run(
+        "mailbag.api.app:app_from_environment",
+        factory=True,
+        host=settings.api_host,
+        port=settings.api_port,
+        workers=workers,
+        log_level="warning",
+        access_log=False,
+    )
+
+
+tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
+app.add_typer(tenants_app, name="tenants")
+
+
+@tenants_app.command("create")
+def tenants_create(name: Annotated[str, typer.Argument(help="A unique name.")]) -> None:
+    """Create a tenant and print its API key (shown this once; only a digest is kept)."""
+    if not name.strip() or len(name) > 200:
+        fail("the name must be 1 to 200 characters")
+    settings = load_settings()
+    engine = migrated_engine(settings)
+    with engine.begin() as conn:
+        if run(conn, tenant_store.by_name(name)) is not None:
+            fail(f"a tenant named {name!r} exists already", code=1)
+        tenant, key = tenant_service.create_tenant(conn, name)
+    typer.echo(f"tenant {tenant.id} ({tenant.name})", err=True)
+    typer.echo(key)
+
+
+@tenants_app.command("list")
+def tenants_list() -> None:
+    """List tenants (ids, names, key prefixes; never keys)."""
+    settings = load_settings()
+    engine = migrated_engine(settings)
+    with engine.connect() as conn:
+        for tenant in run(conn, tenant_store.all_tenants()):
+            typer.echo(f"{tenant.id}\t{tenant.name}\t{tenant.api_key_prefix}...")
 
 
 def check_provider(settings: Settings) -> None:

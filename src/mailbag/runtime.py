@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -64,6 +65,36 @@ def stop_on_signals() -> asyncio.Event:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+def api_server(settings: Settings, *, workers: int = 1) -> Any:
+    import uvicorn
+
+    return uvicorn.Server(
+        uvicorn.Config(
+            "mailbag.api.app:app_from_environment",
+            factory=True,
+            host=settings.api_host,
+            port=settings.api_port,
+            workers=workers,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+        )
+    )
+
+
+async def run_serve(settings: Settings) -> None:
+    """API, console and worker in one process and one event loop."""
+    stop = stop_on_signals()
+    server = api_server(settings)
+    server.install_signal_handlers = lambda: None
+    api = asyncio.create_task(server.serve())
+    try:
+        await run_worker(settings, stop)
+    finally:
+        server.should_exit = True
+        await api
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:

@@ -1,0 +1,336 @@
+"""The FastAPI application: routes, problem+json errors, request ids, body limits."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mailbag import log, templates
+from mailbag.api import messages, verifications
+from mailbag.api.deps import Services
+from mailbag.api.problems import ProblemError, problem_response
+from mailbag.clock import Clock, utcnow
+from mailbag.domain.message import InvalidMessage
+from mailbag.services import idempotency
+from mailbag.services import messages as message_service
+from mailbag.services import verification as verification_service
+from mailbag.settings import Settings
+from mailbag.store import migrate
+from mailbag.store.database import dialect_of, make_async_engine
+
+JSON_BODY_PATHS = ("/v1/messages", "/v1/email-verifications")
+DATABASE_DOWN = (OperationalError, PoolTimeout, ConnectionError, OSError, TimeoutError)
+
+
+def create_app(
+    settings: Settings | None = None, *, clock: Clock = utcnow, pool_size: int = 10
+) -> FastAPI:
+    settings = settings or Settings()
+    log.configure(settings.log_level)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_async_engine(settings.database_url, pool_size=pool_size)
+        dialect = dialect_of(settings.database_url)
+        catalog = templates.load(settings.templates_dir)
+        app.state.services = Services(
+            settings=settings,
+            engine=engine,
+            clock=clock,
+            messages=message_service.Messages(engine, dialect, settings),
+            verifications=verification_service.Verifications(engine, dialect, settings),
+            catalog_names=catalog.names(),
+        )
+        try:
+            yield
+        finally:
+            await engine.dispose()
+
+    app = FastAPI(
+        title="mailbag",
+        version="0.1.0",
+        description="Transactional email through an outbox: idempotent sends and email "
+        "verification. Authenticate with `Authorization: Bearer <tenant API key>`; errors "
+        "are RFC 9457 problem+json.",
+        lifespan=lifespan,
+    )
+    app.include_router(messages.router)
+    app.include_router(verifications.router)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.middleware("http")(request_context)
+
+    @app.get("/healthz", tags=["operations"])
+    async def healthz() -> dict[str, str]:
+        """The process is up."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"], responses={503: {"description": "Not ready."}})
+    async def readyz(request: Request) -> Response:
+        """The database is reachable and its schema is current."""
+        svc: Services = request.app.state.services
+        try:
+            async with svc.engine.connect() as conn:
+                current = await conn.run_sync(lambda sync: migrate.is_current(sync))
+        except DATABASE_DOWN as exc:
+            return JSONResponse(
+                {"status": "database unreachable", "error": type(exc).__name__}, status_code=503
+            )
+        if not current:
+            return JSONResponse({"status": "schema not current"}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    return app
+
+
+def app_from_environment() -> FastAPI:
+    """For `uvicorn --factory`: every uvicorn worker process builds its app from settings."""
+    return create_app(Settings())
+
+
+async def request_context(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    """A request id on every log line and response; one access line per request."""
+    request_id = request.headers.get("x-request-id", "")[:100] or uuid.uuid4().hex
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    started = time.perf_counter()
+    if (
+        request.method == "POST"
+        and request.url.path.startswith(JSON_BODY_PATHS)
+        and request.headers.get("content-length") not in (None, "0")
+        and "json" not in request.headers.get("content-type", "")
+    ):
+        response: Response = problem_response(
+            415,
+            "unsupported-media-type",
+            "Unsupported media type",
+            "send the body as application/json",
+        )
+    else:
+        response = await call_next(request)
+    response.headers["X-Request-ID"] = request_id
+    log.get("mailbag.api").info(
+        "request",
+        method=request.method,
+        path=request.url.path,
+        status=response.status_code,
+        duration_ms=round((time.perf_counter() - started) * 1000, 2),
+    )
+    return response
+
+
+class BodyLimit:
+    """Refuse bodies over the limit (413), declared or streamed, before anything reads them."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        too_large = problem_response(
+            413, "body-too-large", "Request body too large", f"the limit is {self.max_bytes} bytes"
+        )
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await too_large(scope, receive, send)
+            return
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        except BodyTooLarge:
+            await too_large(scope, receive, send)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    # Pydantic echoes the offending input; a token or key must not come back in an error.
+    return [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
+        for e in exc.errors()
+    ]
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    def handle(kind: type[Exception]) -> Callable[[Callable[..., Response]], Any]:
+        def register(fn: Callable[..., Response]) -> Any:
+            async def handler(request: Request, exc: Any) -> Response:
+                return fn(exc)
+
+            app.add_exception_handler(kind, handler)
+            return fn
+
+        return register
+
+    @handle(ProblemError)
+    def _problem(exc: ProblemError) -> Response:
+        return problem_response(
+            exc.status, exc.slug, exc.title, exc.detail, headers=exc.headers, **exc.extra
+        )
+
+    @handle(RequestValidationError)
+    def _invalid(exc: RequestValidationError) -> Response:
+        errors = _validation_errors(exc)
+        if any(e["type"] == "json_invalid" for e in errors):
+            return problem_response(
+                400, "invalid-json", "Invalid JSON", "the body is not valid JSON"
+            )
+        return problem_response(
+            422,
+            "validation-error",
+            "Invalid request",
+            "the request does not match the schema",
+            errors=errors,
+        )
+
+    @handle(InvalidMessage)
+    def _invalid_message(exc: InvalidMessage) -> Response:
+        return problem_response(
+            422, "invalid-message", "Invalid message", str(exc), errors=exc.errors
+        )
+
+    @handle(idempotency.KeyReused)
+    def _reused(exc: idempotency.KeyReused) -> Response:
+        return problem_response(
+            409,
+            "idempotency-key-reused",
+            "Idempotency-Key reused",
+            str(exc),
+            first_operation=exc.operation,
+        )
+
+    @handle(message_service.MessageNotFound)
+    def _message_missing(exc: Exception) -> Response:
+        return problem_response(404, "not-found", "Not found", "no such message")
+
+    @handle(message_service.NotCancellable)
+    def _not_cancellable(exc: message_service.NotCancellable) -> Response:
+        return problem_response(
+            409, "not-cancellable", "Not cancellable", str(exc), status_now=exc.status
+        )
+
+    @handle(message_service.InvalidCursor)
+    def _cursor(exc: Exception) -> Response:
+        return problem_response(400, "invalid-cursor", "Invalid cursor", str(exc))
+
+    @handle(verification_service.NotFound)
+    def _verification_missing(exc: Exception) -> Response:
+        return problem_response(404, "not-found", "Not found", "no such verification")
+
+    @handle(verification_service.ActiveVerificationExists)
+    def _active(exc: verification_service.ActiveVerificationExists) -> Response:
+        return problem_response(
+            409,
+            "active-verification-exists",
+            "Active verification exists",
+            str(exc),
+            active_verification_id=str(exc.verification_id),
+        )
+
+    @handle(verification_service.RateLimited)
+    def _limited(exc: verification_service.RateLimited) -> Response:
+        return problem_response(
+            429,
+            "rate-limited",
+            "Too many verification emails",
+            str(exc),
+            headers={"Retry-After": str(exc.retry_after)},
+            scope=exc.scope,
+        )
+
+    @handle(verification_service.Expired)
+    def _expired(exc: Exception) -> Response:
+        return problem_response(
+            410, "verification-expired", "Verification expired", "request a new verification"
+        )
+
+    @handle(verification_service.Locked)
+    def _locked(exc: Exception) -> Response:
+        return problem_response(
+            423,
+            "verification-locked",
+            "Verification locked",
+            "too many wrong tokens; resend to get a new one",
+        )
+
+    @handle(verification_service.WrongToken)
+    def _wrong(exc: verification_service.WrongToken) -> Response:
+        return problem_response(
+            400, "invalid-token", "Invalid token", str(exc), attempts_left=exc.attempts_left
+        )
+
+    @handle(verification_service.AlreadyFinished)
+    def _finished(exc: verification_service.AlreadyFinished) -> Response:
+        status = 410 if exc.state.value == "expired" else 409
+        return problem_response(
+            status,
+            "verification-finished",
+            "Verification finished",
+            str(exc),
+            state=exc.state.value,
+        )
+
+    @handle(StarletteHTTPException)
+    def _http(exc: StarletteHTTPException) -> Response:
+        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        return problem_response(
+            exc.status_code, slug, str(exc.detail), headers=dict(exc.headers or {})
+        )
+
+    for outage in (*DATABASE_DOWN, DBAPIError):
+
+        @handle(outage)
+        def _database_down(exc: Exception) -> Response:
+            if (
+                isinstance(exc, DBAPIError)
+                and not isinstance(exc, OperationalError)
+                and not (exc.connection_invalidated)
+            ):
+                response: Response = _internal(exc)
+                return response
+            log.get("mailbag.api").warning("database_unavailable", error=type(exc).__name__)
+            return problem_response(
+                503,
+                "database-unavailable",
+                "Service unavailable",
+                "the database is unreachable; retry shortly",
+                headers={"Retry-After": "5"},
+            )
+
+    @handle(Exception)
+    def _internal(exc: Exception) -> Response:
+        log.get("mailbag.api").error("unhandled_error", error=type(exc).__name__, exc_info=exc)
+        return problem_response(
+            500,
+            "internal-error",
+            "Internal server error",
+            "the error was logged with this request's id",
+        )

@@ -1,0 +1,179 @@
+"""Messages through the API: create (idempotent), read with history, list, cancel."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from mailbag.domain.message import Message, NewMessage
+from mailbag.domain.states import Status
+from mailbag.services import outbox as outbox_service
+from mailbag.services.idempotency import Response, execute, fingerprint
+from mailbag.settings import Settings
+from mailbag.store import outbox as store
+from mailbag.store.database import Dialect
+from mailbag.store.plan import run_async
+
+ACTOR = "api"
+MAX_PAGE = 100
+
+
+class MessageNotFound(Exception):
+    pass
+
+
+class NotCancellable(Exception):
+    def __init__(self, status: str) -> None:
+        self.status = status
+        super().__init__(f"only pending messages can be cancelled; this one is {status}")
+
+
+class InvalidCursor(ValueError):
+    pass
+
+
+def public(m: Message, events: list[Any] | None = None) -> dict[str, Any]:
+    """A message as the API shows it: no claim token, and no secret template fields."""
+    secret = set(m.metadata.get("secret_fields", [])) if isinstance(m.metadata, dict) else set()
+    body: dict[str, Any] = {
+        "id": str(m.id),
+        "status": m.status,
+        "to": m.to_address,
+        "to_name": m.to_name,
+        "from": m.from_address,
+        "template": m.template_name,
+        "subject": m.subject,
+        "data": {k: ("[redacted]" if k in secret else v) for k, v in m.template_data.items()},
+        "tags": list(m.tags),
+        "metadata": dict(m.metadata),
+        "headers": dict(m.headers),
+        "attempt_count": m.attempt_count,
+        "max_attempts": m.max_attempts,
+        "next_attempt_at": m.next_attempt_at.isoformat(),
+        "created_at": m.created_at.isoformat(),
+        "updated_at": m.updated_at.isoformat(),
+        "sent_at": m.sent_at.isoformat() if m.sent_at else None,
+        "provider": m.provider,
+        "provider_message_id": m.provider_message_id,
+        "last_error": m.last_error,
+    }
+    if events is not None:
+        body["events"] = [
+            {
+                "from": e.from_status,
+                "to": e.to_status,
+                "at": e.at.isoformat(),
+                "actor": e.actor,
+                "attempt": e.attempt,
+                "provider_message_id": e.provider_message_id,
+                "detail": e.detail,
+            }
+            for e in events
+        ]
+    return body
+
+
+def message_fingerprint(message: NewMessage) -> str:
+    return fingerprint(
+        "POST /v1/messages",
+        {
+            "to": message.to_address.casefold(),
+            "to_name": message.to_name,
+            "template": message.template_name,
+            "data": message.template_data,
+            "subject": message.subject,
+            "send_at": message.send_at,
+            "tags": list(message.tags),
+            "metadata": message.metadata,
+            "headers": message.headers,
+        },
+    )
+
+
+class Messages:
+    def __init__(self, engine: AsyncEngine, dialect: Dialect, settings: Settings) -> None:
+        self.engine, self.dialect, self.settings = engine, dialect, settings
+
+    async def create(self, *, key: str | None, message: NewMessage, now: datetime) -> Response:
+        async def work(conn: AsyncConnection) -> Response:
+            (enqueued,) = await outbox_service.enqueue_many_async(
+                conn, [message], max_attempts=self.settings.max_attempts, actor=ACTOR, now=now
+            )
+            return Response(201, public(enqueued.message), str(enqueued.message.id))
+
+        return await execute(
+            self.engine,
+            tenant_id=message.tenant_id,
+            key=key,
+            operation="POST /v1/messages",
+            request_fingerprint=message_fingerprint(message),
+            now=now,
+            ttl=timedelta(hours=self.settings.idempotency_ttl_hours),
+            work=work,
+        )
+
+    async def get(self, *, tenant_id: str, message_id: uuid.UUID) -> dict[str, Any]:
+        async with self.engine.connect() as conn:
+            message = await run_async(conn, store.get(message_id, tenant_id))
+            if message is None:
+                raise MessageNotFound(str(message_id))
+            events = await run_async(conn, store.events(message_id))
+        return public(message, events)
+
+    async def list(
+        self,
+        *,
+        tenant_id: str,
+        status: Status | None,
+        to: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> dict[str, Any]:
+        limit = max(1, min(limit, MAX_PAGE))
+        before = decode_cursor(cursor) if cursor is not None else None
+        async with self.engine.connect() as conn:
+            items, more = await run_async(
+                conn,
+                store.page(tenant_id=tenant_id, status=status, to=to, before=before, limit=limit),
+            )
+        return {
+            "items": [public(m) for m in items],
+            "next_cursor": encode_cursor(items[-1].id) if more and items else None,
+        }
+
+    async def cancel(
+        self, *, tenant_id: str, message_id: uuid.UUID, now: datetime
+    ) -> dict[str, Any]:
+        async with self.engine.begin() as conn:
+            changed = await run_async(
+                conn,
+                store.cancel(
+                    self.dialect,
+                    now=now,
+                    actor=ACTOR,
+                    where=(store.om.c.id == message_id) & (store.om.c.tenant_id == tenant_id),
+                ),
+            )
+            if changed:
+                return public(changed[0].message)
+            current = await run_async(conn, store.get(message_id, tenant_id))
+        if current is None:
+            raise MessageNotFound(str(message_id))
+        raise NotCancellable(current.status)
+
+
+def encode_cursor(message_id: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(message_id.bytes).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> uuid.UUID:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        return uuid.UUID(bytes=raw)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidCursor("cursor is not one this API gave out") from exc

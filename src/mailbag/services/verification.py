@@ -1,0 +1,364 @@
+"""The email-verification workflow: request, send, confirm, resend, expire.
+
+A request creates a verification row (the token's digest only) and its outbox message
+(the raw token only there, inside the email's data) in one transaction, under the
+caller's Idempotency-Key. The row then follows its message (see store.verifications).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+from sqlalchemy import and_
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from mailbag.domain.ids import uuid7
+from mailbag.domain.message import new_message
+from mailbag.domain.verification import (
+    FINAL,
+    MAX_CONFIRM_ATTEMPTS,
+    UNFINISHED,
+    VAction,
+    VState,
+    digest,
+    matches,
+    new_token,
+)
+from mailbag.services import outbox as outbox_service
+from mailbag.services.idempotency import Response, execute, fingerprint
+from mailbag.settings import Settings
+from mailbag.store import outbox as outbox_store
+from mailbag.store import verifications as store
+from mailbag.store.database import Dialect
+from mailbag.store.plan import run_async
+from mailbag.store.schema import email_verifications as ev
+from mailbag.store.verifications import Verification
+
+ACTOR = "api"
+DEFAULT_TEMPLATE = "verify-email"
+# Fields of the email's data that hold the secret: never shown back through the API.
+SECRET_FIELDS = ["token", "link"]
+
+
+class VerificationError(Exception):
+    pass
+
+
+class ActiveVerificationExists(VerificationError):
+    def __init__(self, verification_id: uuid.UUID) -> None:
+        self.verification_id = verification_id
+        super().__init__(f"an active verification for this email exists: {verification_id}")
+
+
+class RateLimited(VerificationError):
+    def __init__(self, retry_after: int, scope: str) -> None:
+        self.retry_after, self.scope = retry_after, scope
+        super().__init__(f"too many verification emails for this {scope}; retry in {retry_after} s")
+
+
+class NotFound(VerificationError):
+    pass
+
+
+class Expired(VerificationError):
+    pass
+
+
+class Locked(VerificationError):
+    pass
+
+
+class AlreadyFinished(VerificationError):
+    def __init__(self, state: VState) -> None:
+        self.state = state
+        super().__init__(f"the verification is {state.value}")
+
+
+class WrongToken(VerificationError):
+    def __init__(self, attempts_left: int) -> None:
+        self.attempts_left = attempts_left
+        super().__init__(f"the token does not match; {attempts_left} attempt(s) left")
+
+
+@dataclass(frozen=True)
+class VerificationRequest:
+    email: str  # normalized
+    template: str
+    redirect_url: str | None
+    data: dict[str, Any]
+
+    def fingerprint(self, operation: str) -> str:
+        return fingerprint(
+            operation,
+            {
+                "email": self.email.casefold(),
+                "template": self.template,
+                "redirect_url": self.redirect_url,
+                "data": self.data,
+            },
+        )
+
+
+def public(v: Verification) -> dict[str, Any]:
+    """What the API shows: never the token or its digest."""
+    return {
+        "id": str(v.id),
+        "email": v.email,
+        "state": v.state.value,
+        "expires_at": v.expires_at.isoformat(),
+        "created_at": v.created_at.isoformat(),
+        "updated_at": v.updated_at.isoformat(),
+        "sent_at": v.sent_at.isoformat() if v.sent_at else None,
+        "verified_at": v.verified_at.isoformat() if v.verified_at else None,
+        "send_count": v.send_count,
+        "message_id": str(v.message_id) if v.message_id else None,
+    }
+
+
+def _link(redirect_url: str | None, verification_id: uuid.UUID, token: str) -> str | None:
+    if not redirect_url:
+        return None
+    parts = urlsplit(redirect_url)
+    extra = urlencode({"verification_id": str(verification_id), "token": token})
+    query = f"{parts.query}&{extra}" if parts.query else extra
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+
+
+class Verifications:
+    def __init__(self, engine: AsyncEngine, dialect: Dialect, settings: Settings) -> None:
+        self.engine, self.dialect, self.settings = engine, dialect, settings
+
+    @property
+    def ttl(self) -> timedelta:
+        return timedelta(minutes=self.settings.verification_ttl_minutes)
+
+    async def request(
+        self, *, tenant_id: str, key: str, request: VerificationRequest, now: datetime
+    ) -> Response:
+        operation = "POST /v1/email-verifications"
+
+        async def work(conn: AsyncConnection) -> Response:
+            email = request.email
+            await run_async(
+                conn,
+                store.transition(
+                    self.dialect,
+                    VAction.EXPIRE,
+                    now=now,
+                    actor=ACTOR,
+                    where=and_(
+                        ev.c.tenant_id == tenant_id, ev.c.email == email, ev.c.expires_at <= now
+                    ),
+                    detail="expired before a new request",
+                ),
+            )
+            active = await run_async(conn, store.active_for(tenant_id, email))
+            if active is not None:
+                raise ActiveVerificationExists(active.id)
+            await self._check_limits(conn, tenant_id, email, now)
+            verification = await run_async(
+                conn,
+                store.create(
+                    {
+                        "id": uuid7(),
+                        "tenant_id": tenant_id,
+                        "email": email,
+                        "token_digest": "",
+                        "expires_at": now + self.ttl,
+                        "message_id": None,
+                        "template_name": request.template,
+                        "redirect_url": request.redirect_url,
+                    },
+                    now=now,
+                    actor=ACTOR,
+                ),
+            )
+            sent = await self._send(conn, verification, request.data, now, VAction.ENQUEUE)
+            return Response(201, public(sent), str(sent.id))
+
+        try:
+            return await execute(
+                self.engine,
+                tenant_id=tenant_id,
+                key=key,
+                operation=operation,
+                request_fingerprint=request.fingerprint(operation),
+                now=now,
+                ttl=timedelta(hours=self.settings.idempotency_ttl_hours),
+                work=work,
+            )
+        except IntegrityError:
+            # A concurrent request for the same email (another key) made its verification
+            # first: the active-email unique index said so. Name it.
+            async with self.engine.connect() as conn:
+                active = await run_async(conn, store.active_for(tenant_id, request.email))
+            if active is None:
+                raise
+            raise ActiveVerificationExists(active.id) from None
+
+    async def resend(
+        self, *, tenant_id: str, key: str, verification_id: uuid.UUID, now: datetime
+    ) -> Response:
+        operation = f"POST /v1/email-verifications/{verification_id}/resend"
+
+        async def work(conn: AsyncConnection) -> Response:
+            v = await self._fresh(conn, tenant_id, verification_id, now)
+            if v.state in FINAL:
+                raise AlreadyFinished(v.state)
+            await self._check_limits(conn, tenant_id, v.email, now)
+            if v.message_id is not None:  # the old email, if still unsent, is withdrawn
+                await run_async(
+                    conn,
+                    outbox_store.cancel(
+                        self.dialect,
+                        where=outbox_store.om.c.id == v.message_id,
+                        now=now,
+                        actor=ACTOR,
+                    ),
+                )
+            sent = await self._send(conn, v, {}, now, VAction.RESEND)
+            return Response(200, public(sent), str(sent.id))
+
+        return await execute(
+            self.engine,
+            tenant_id=tenant_id,
+            key=key,
+            operation=operation,
+            request_fingerprint=fingerprint(operation, {}),
+            now=now,
+            ttl=timedelta(hours=self.settings.idempotency_ttl_hours),
+            work=work,
+        )
+
+    async def _send(
+        self,
+        conn: AsyncConnection,
+        v: Verification,
+        data: dict[str, Any],
+        now: datetime,
+        action: VAction,
+    ) -> Verification:
+        """Rotate the token, enqueue its email and move the verification to send_pending."""
+        token = new_token()
+        send_number = v.send_count + 1
+        message = new_message(
+            to=v.email,
+            template=v.template_name,
+            tenant_id=v.tenant_id,
+            idempotency_key=f"verification:{v.id}:{send_number}",
+            data={
+                **data,
+                "email": v.email,
+                "token": token,
+                "link": _link(v.redirect_url, v.id, token),
+                "expires_at": v.expires_at.strftime("%Y-%m-%d %H:%M UTC"),
+            },
+            metadata={"verification_id": str(v.id), "secret_fields": SECRET_FIELDS},
+        )
+        (enqueued,) = await outbox_service.enqueue_many_async(
+            conn, [message], max_attempts=self.settings.max_attempts, actor=ACTOR, now=now
+        )
+        (moved,) = await run_async(
+            conn,
+            store.transition(
+                self.dialect,
+                action,
+                where=ev.c.id == v.id,
+                now=now,
+                actor=ACTOR,
+                values={
+                    "token_digest": digest(token),
+                    "message_id": enqueued.message.id,
+                    "send_count": send_number,
+                    "confirm_attempts": 0,
+                },
+                detail=f"email {send_number} enqueued",
+            ),
+        )
+        await run_async(
+            conn,
+            store.record_send(tenant_id=v.tenant_id, email=v.email, verification_id=v.id, now=now),
+        )
+        return moved
+
+    async def _check_limits(
+        self, conn: AsyncConnection, tenant_id: str, email: str, now: datetime
+    ) -> None:
+        hour = timedelta(hours=1)
+        for scope, limit, address in (
+            ("email", self.settings.verification_sends_per_email_per_hour, email),
+            ("tenant", self.settings.verification_sends_per_tenant_per_hour, None),
+        ):
+            count, oldest = await run_async(conn, store.sends_since(tenant_id, now - hour, address))
+            if count >= limit:
+                wait = (oldest + hour - now) if oldest else hour
+                raise RateLimited(max(1, int(wait.total_seconds()) + 1), scope)
+
+    async def _fresh(
+        self, conn: AsyncConnection, tenant_id: str, verification_id: uuid.UUID, now: datetime
+    ) -> Verification:
+        """The verification, moved to `expired` first if its time is up."""
+        v = await run_async(conn, store.get(verification_id, tenant_id))
+        if v is None:
+            raise NotFound(str(verification_id))
+        if v.state in UNFINISHED and v.expires_at <= now:
+            (v,) = await run_async(
+                conn,
+                store.transition(
+                    self.dialect,
+                    VAction.EXPIRE,
+                    where=ev.c.id == v.id,
+                    now=now,
+                    actor=ACTOR,
+                    detail="token expired",
+                ),
+            )
+        return v
+
+    async def get(
+        self, *, tenant_id: str, verification_id: uuid.UUID, now: datetime
+    ) -> Verification:
+        async with self.engine.begin() as conn:
+            return await self._fresh(conn, tenant_id, verification_id, now)
+
+    async def confirm(
+        self, *, tenant_id: str, verification_id: uuid.UUID, token: str, now: datetime
+    ) -> Verification:
+        async with self.engine.begin() as conn:
+            v = await self._fresh(conn, tenant_id, verification_id, now)
+            if v.state is VState.VERIFIED:
+                if matches(token, v.token_digest):
+                    return v  # confirming twice is fine
+                raise WrongToken(0)
+            if v.state is VState.EXPIRED:
+                raise Expired(str(v.id))
+            if v.confirm_attempts >= MAX_CONFIRM_ATTEMPTS:
+                raise Locked(str(v.id))
+            if matches(token, v.token_digest):
+                moved = await run_async(
+                    conn,
+                    store.transition(
+                        self.dialect,
+                        VAction.CONFIRM,
+                        now=now,
+                        actor=ACTOR,
+                        where=and_(
+                            ev.c.id == v.id,
+                            ev.c.token_digest == v.token_digest,
+                            ev.c.confirm_attempts < MAX_CONFIRM_ATTEMPTS,
+                        ),
+                        values={"verified_at": now},
+                        detail="token confirmed",
+                    ),
+                )
+                if moved:
+                    return moved[0]
+                raise Locked(str(v.id))  # another request used up the attempts meanwhile
+            # A wrong token: count it, committed, before answering.
+            await run_async(conn, store.count_wrong_token(v.id, now))
+        raise WrongToken(max(0, MAX_CONFIRM_ATTEMPTS - v.confirm_attempts - 1))

@@ -1,0 +1,103 @@
+"""Idempotency records: per (tenant, Idempotency-Key) the fingerprint of the request that
+first used the key and the response it got, written in the same transaction as the
+resource. The unique index on (tenant, key) decides races: the loser's INSERT fails (after
+waiting for the winner to commit) and it replays the winner's record instead."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+
+from mailbag.store.plan import Plan, Step
+from mailbag.store.schema import idempotency_records as records
+
+
+@dataclass(frozen=True)
+class Record:
+    id: int
+    operation: str
+    fingerprint: str
+    resource_id: str | None
+    response_status: int | None
+    response_body: Any
+    expires_at: datetime
+
+
+def find(tenant_id: str, key: str) -> Plan[Record | None]:
+    query = select(records).where(
+        records.c.tenant_id == tenant_id, records.c.idempotency_key == key
+    )
+    row = (yield Step(query)).first()
+    if row is None:
+        return None
+    return Record(
+        row.id,
+        row.operation,
+        row.fingerprint,
+        row.resource_id,
+        row.response_status,
+        row.response_body,
+        row.expires_at,
+    )
+
+
+def drop_if_expired(tenant_id: str, key: str, now: datetime) -> Plan[bool]:
+    """An expired record no longer holds its key: remove it so the key can be used again."""
+    result = yield Step(
+        delete(records).where(
+            records.c.tenant_id == tenant_id,
+            records.c.idempotency_key == key,
+            records.c.expires_at <= now,
+        )
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def take_key(
+    *,
+    tenant_id: str,
+    key: str,
+    operation: str,
+    fingerprint: str,
+    now: datetime,
+    expires_at: datetime,
+) -> Plan[None]:
+    """Claim the key; raises IntegrityError when another request holds it."""
+    yield Step(
+        insert(records).values(
+            tenant_id=tenant_id,
+            idempotency_key=key,
+            operation=operation,
+            fingerprint=fingerprint,
+            created_at=now,
+            expires_at=expires_at,
+        )
+    )
+
+
+def record_response(
+    *, tenant_id: str, key: str, resource_id: str | None, status: int, body: Any
+) -> Plan[None]:
+    yield Step(
+        update(records)
+        .where(
+            records.c.tenant_id == tenant_id,
+            records.c.idempotency_key == key,
+        )
+        .values(resource_id=resource_id, response_status=status, response_body=body)
+    )
+
+
+def purge_expired(now: datetime, limit: int = 1000) -> Plan[int]:
+    ids = (
+        (yield Step(select(records.c.id).where(records.c.expires_at <= now).limit(limit)))
+        .scalars()
+        .all()
+    )
+    if not ids:
+        return 0
+    result = yield Step(delete(records).where(records.c.id.in_(ids)))
+    return int(result.rowcount)  # type: ignore[attr-defined]

@@ -1,0 +1,204 @@
+"""Email verifications: each state change is a guarded UPDATE with an event, like messages."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, Row, and_, func, insert, literal_column, select, update
+
+from mailbag.domain.message import truncate_error
+from mailbag.domain.states import Status
+from mailbag.domain.verification import (
+    ACTIVE,
+    FOLLOWS,
+    UNFINISHED,
+    VAction,
+    VState,
+    v_sources,
+    v_target,
+)
+from mailbag.store.database import Dialect
+from mailbag.store.outbox import Changed
+from mailbag.store.plan import Plan, Step
+from mailbag.store.schema import email_verifications as ev
+from mailbag.store.schema import verification_events, verification_sends
+from mailbag.store.transition import guarded_update
+
+
+@dataclass(frozen=True)
+class Verification:
+    id: uuid.UUID
+    tenant_id: str
+    email: str
+    state: VState
+    token_digest: str
+    expires_at: datetime
+    confirm_attempts: int
+    send_count: int
+    message_id: uuid.UUID | None
+    template_name: str
+    redirect_url: str | None
+    created_at: datetime
+    updated_at: datetime
+    sent_at: datetime | None
+    verified_at: datetime | None
+
+
+def _verification(row: Row[Any]) -> Verification:
+    m = row._mapping
+    values = {column.name: m[column.name] for column in ev.columns}
+    values["state"] = VState(values["state"])
+    return Verification(**values)
+
+
+def _in_states(states: frozenset[VState]) -> ColumnElement[bool]:
+    return ev.c.state.in_([literal_column(f"'{s.value}'") for s in sorted(states)])
+
+
+def _event(
+    v: Verification, previous: VState | None, at: datetime, actor: str, detail: str | None
+) -> dict[str, Any]:
+    return {
+        "verification_id": v.id,
+        "from_state": previous.value if previous else None,
+        "to_state": v.state.value,
+        "at": at,
+        "actor": actor[:200],
+        "message_id": v.message_id,
+        "detail": truncate_error(detail),
+    }
+
+
+def create(values: Mapping[str, Any], *, now: datetime, actor: str) -> Plan[Verification]:
+    """Insert a new verification in `created`; raises IntegrityError if one is active."""
+    row = {
+        **values,
+        "state": VState.CREATED.value,
+        "created_at": now,
+        "updated_at": now,
+        "confirm_attempts": 0,
+        "send_count": 0,
+        "sent_at": None,
+        "verified_at": None,
+    }
+    yield Step(insert(ev).values(row))
+    created = Verification(**{**row, "state": VState.CREATED})
+    yield Step(insert(verification_events).values(_event(created, None, now, actor, None)))
+    return created
+
+
+def transition(
+    dialect: Dialect,
+    action: VAction,
+    *,
+    where: ColumnElement[bool],
+    now: datetime,
+    actor: str,
+    values: Mapping[str, Any] | None = None,
+    detail: str | None = None,
+) -> Plan[list[Verification]]:
+    """Move the verifications matching `where` that `action` allows, and log each move."""
+    updated = yield from guarded_update(
+        dialect,
+        ev,
+        state="state",
+        guard=and_(_in_states(v_sources(action)), where),
+        values={"state": v_target(action).value, "updated_at": now, **(values or {})},
+    )
+    moved = [(_verification(row), VState(previous)) for row, previous in updated]
+    if moved:
+        yield Step(
+            insert(verification_events),
+            [_event(v, previous, now, actor, detail) for v, previous in moved],
+        )
+    return [v for v, _ in moved]
+
+
+def follow_messages(
+    dialect: Dialect, changed: Sequence[Changed], *, now: datetime, actor: str
+) -> Plan[list[Verification]]:
+    """Carry outbox results over to the verifications whose current email they concern.
+
+    Runs in the transaction that changed the messages, so the two never disagree. Only the
+    verification's *current* message counts (a result for a rotated-away send is ignored),
+    and the guard keeps `verified` and `expired` rows where they are.
+    """
+    by_action: dict[VAction, list[uuid.UUID]] = defaultdict(list)
+    for c in changed:
+        action = FOLLOWS.get(Status(c.message.status))
+        if action is not None:
+            by_action[action].append(c.message.id)
+    moved: list[Verification] = []
+    for action, message_ids in by_action.items():
+        extra = {"sent_at": now} if action is VAction.MESSAGE_SENT else None
+        moved += yield from transition(
+            dialect,
+            action,
+            where=ev.c.message_id.in_(message_ids),
+            now=now,
+            actor=actor,
+            values=extra,
+            detail=f"outbox message {action.value.removeprefix('message_')}",
+        )
+    return moved
+
+
+def count_wrong_token(verification_id: uuid.UUID, now: datetime) -> Plan[None]:
+    """A wrong confirmation token: one attempt fewer (not a transition, so no event)."""
+    yield Step(
+        update(ev)
+        .where(ev.c.id == verification_id, _in_states(frozenset(UNFINISHED)))
+        .values(confirm_attempts=ev.c.confirm_attempts + 1, updated_at=now)
+    )
+
+
+def get(verification_id: uuid.UUID, tenant_id: str) -> Plan[Verification | None]:
+    query = select(ev).where(ev.c.id == verification_id, ev.c.tenant_id == tenant_id)
+    row = (yield Step(query)).first()
+    return _verification(row) if row else None
+
+
+def active_for(tenant_id: str, email: str) -> Plan[Verification | None]:
+    query = select(ev).where(ev.c.tenant_id == tenant_id, ev.c.email == email, _in_states(ACTIVE))
+    row = (yield Step(query)).first()
+    return _verification(row) if row else None
+
+
+def events(verification_id: uuid.UUID) -> Plan[list[Row[Any]]]:
+    query = (
+        select(verification_events)
+        .where(verification_events.c.verification_id == verification_id)
+        .order_by(verification_events.c.id)
+    )
+    return list((yield Step(query)).all())
+
+
+def record_send(
+    *, tenant_id: str, email: str, verification_id: uuid.UUID, now: datetime
+) -> Plan[None]:
+    yield Step(
+        insert(verification_sends).values(
+            tenant_id=tenant_id, email=email, verification_id=verification_id, at=now
+        )
+    )
+
+
+def sends_since(
+    tenant_id: str, since: datetime, email: str | None = None
+) -> Plan[tuple[int, datetime | None]]:
+    """How many verification emails went out since a time, and the oldest of them."""
+    query = select(
+        func.count().label("n"), func.min(verification_sends.c.at).label("oldest")
+    ).where(verification_sends.c.tenant_id == tenant_id, verification_sends.c.at > since)
+    if email is not None:
+        query = query.where(verification_sends.c.email == email)
+    row = (yield Step(query)).one()
+    oldest = row.oldest
+    if isinstance(oldest, str):  # SQLite's min() over a datetime column comes back as text
+        oldest = datetime.fromisoformat(oldest).replace(tzinfo=since.tzinfo)
+    return int(row.n), oldest

@@ -1,0 +1,39 @@
+"""Running the real app in-process (httpx ASGI transport) against a test database."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+from mailbag.api import create_app
+from mailbag.clock import Clock, utcnow
+from mailbag.services.tenants import create_tenant
+from mailbag.settings import Settings
+
+
+def settings_for(db: Any, **overrides: Any) -> Settings:
+    return Settings.model_validate({"database_url": db.url, "log_level": "WARNING", **overrides})
+
+
+def new_tenant(db: Any, name: str = "acme") -> tuple[str, str]:
+    """(tenant id, API key)"""
+    with db.engine.begin() as conn:
+        tenant, key = create_tenant(conn, name)
+    return tenant.id, key
+
+
+@asynccontextmanager
+async def api_client(
+    db: Any, key: str | None = None, *, clock: Clock = utcnow, **overrides: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings_for(db, **overrides), clock=clock)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://mailbag.test", headers=headers
+        ) as client:
+            yield client
