@@ -40,6 +40,7 @@ from mailbag.domain.states import Action
 from mailbag.providers.base import Provider
 from mailbag.settings import Settings
 from mailbag.store import outbox as store
+from mailbag.store import verifications as verification_store
 from mailbag.store.database import Dialect, dialect_of
 from mailbag.store.plan import run_async
 from mailbag.templates import Catalog, TemplateError
@@ -363,23 +364,31 @@ class Worker:
         while True:
             try:
                 async with self.engine.begin() as conn:
-                    results = [
-                        (
-                            items,
-                            await run_async(
-                                conn,
-                                store.finalize(
-                                    self.dialect,
-                                    token=token,
-                                    outcomes=[_finalization(i) for i in items],
-                                    now=self.clock(),
-                                    actor=self.config.worker_id,
-                                    provider=self.provider.name,
-                                ),
+                    now = self.clock()
+                    results = []
+                    for token, items in by_token.items():
+                        finalized = await run_async(
+                            conn,
+                            store.finalize(
+                                self.dialect,
+                                token=token,
+                                outcomes=[_finalization(i) for i in items],
+                                now=now,
+                                actor=self.config.worker_id,
+                                provider=self.provider.name,
                             ),
                         )
-                        for token, items in by_token.items()
-                    ]
+                        results.append((items, finalized))
+                        # Verifications follow their email in this same transaction.
+                        await run_async(
+                            conn,
+                            verification_store.follow_messages(
+                                self.dialect,
+                                finalized.changed,
+                                now=now,
+                                actor=self.config.worker_id,
+                            ),
+                        )
                 break
             except DB_ERRORS as exc:
                 # The send happened; its outcome must not be lost. Keep it and try again.

@@ -130,6 +130,8 @@ def follow_messages(
     """
     by_action: dict[VAction, list[uuid.UUID]] = defaultdict(list)
     for c in changed:
+        if "verification_id" not in c.message.metadata:
+            continue  # most messages are not verification emails: no query for them
         action = FOLLOWS.get(Status(c.message.status))
         if action is not None:
             by_action[action].append(c.message.id)
