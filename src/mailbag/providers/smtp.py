@@ -1,0 +1,572 @@
+"""`smtp`: any SMTP relay (Postfix, a smarthost, the SMTP endpoints of SES, Brevo, ...).
+
+A send takes a pooled connection (or opens one: connect, EHLO, STARTTLS, AUTH), then runs
+MAIL FROM, RCPT TO, DATA and the content with its closing "." one step at a time, so every
+failure is known by the phase it happened in. `OUTCOME_TABLE` turns (phase, kind of
+failure) into an outcome; nothing else decides.
+
+The line that matters: once the content's closing "." may have left, only the server's
+final reply says what happened. A timeout or a lost connection while waiting for that
+reply is Ambiguous: the server may have queued the message, and SMTP has no idempotency
+key (`idempotency_window` is None), so mailbag marks it `unknown` and never resends it
+blindly. Every failure before that point is known not to have delivered anything.
+
+Connections: at most `concurrency` are open at once (in use plus idle), opened lazily and
+reused newest first. A connection that failed below the reply level (timeout, reset, TLS
+error) is closed, never reused. One that got a refusal reply is kept and reset (RSET)
+before its next use. A reused connection that turns out dead at MAIL FROM (the server
+closed it while it sat idle) is replaced and the message tried once more on a fresh
+connection: nothing of it had been sent.
+
+TLS (SMTP_TLS): `implicit` speaks TLS from the first byte (port 465); `starttls` requires
+STARTTLS and refuses to go on without it; `auto` upgrades when the server offers STARTTLS;
+`none` stays in plain text. Certificates are verified against the system CAs plus
+SMTP_CA_FILE; SMTP_TLS_VERIFY=false turns verification off. Credentials are never sent
+over an unencrypted connection unless SMTP_TLS=none says so explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import enum
+import logging
+import re
+import socket
+import ssl
+from dataclasses import dataclass
+from datetime import timedelta
+from email.policy import SMTPUTF8
+from typing import Final, NamedTuple
+
+from aiosmtplib import (
+    SMTP,
+    SMTPHeloError,
+    SMTPResponse,
+    SMTPResponseException,
+    SMTPServerDisconnected,
+)
+
+from mailbag.compose import OutgoingEmail
+from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
+from mailbag.providers import register
+from mailbag.providers.base import SendOneByOne
+from mailbag.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ERROR_TEXT_MAX: Final = 500
+PROVIDER_MESSAGE_ID_MAX: Final = 255  # the outbox column's width
+# How long aclose() waits for each idle connection's QUIT before dropping it.
+QUIT_TIMEOUT: Final = 5.0
+REPLY_START_INPUT: Final = 354
+REPLY_COMPLETED: Final = 250
+REPLY_SERVICE_CLOSING: Final = 421
+REPLY_ACCESS_DENIED: Final = 530  # "authentication required" / "issue STARTTLS first"
+
+
+class Phase(enum.Enum):
+    """Where in the conversation a send stopped. Everything before CONTENT is known not to
+    have delivered anything; CONTENT starts the moment the message bytes are written."""
+
+    PREPARE = "preparing the message"  # building the MIME bytes and the envelope: no I/O yet
+    CONNECT = "connect"  # TCP, the implicit-TLS handshake, the server's greeting
+    EHLO = "EHLO"
+    STARTTLS = "STARTTLS"
+    AUTH = "AUTH"
+    MAIL = "MAIL FROM"
+    RCPT = "RCPT TO"
+    DATA = "DATA"  # the DATA command itself, answered before any content is sent
+    CONTENT = "end of data"  # content and "." sent (or being sent); waiting for the verdict
+
+
+class Failure(enum.Enum):
+    TEMPORARY = "4xx"  # a reply: try again later
+    PERMANENT = "5xx"  # a reply: no
+    ACCESS = "530"  # a reply: authenticate (or STARTTLS) first -- our configuration
+    NETWORK = "network"  # refused, DNS, reset, closed by the server
+    TIMEOUT = "timeout"  # connect or read timeout
+    TLS = "tls"  # handshake or certificate failure, a broken TLS record
+    NOT_OFFERED = "not offered"  # the server lacks an extension we need (STARTTLS, AUTH, ...)
+    OTHER = "other"  # anything else: a malformed reply, an unexpected exception
+
+
+class Verdict(enum.Enum):
+    DEFERRED = "deferred"  # known not delivered: retry later (spends an attempt)
+    REJECTED = "rejected"  # refused for good: this email will never pass
+    AMBIGUOUS = "ambiguous"  # may have been delivered: never resend blindly
+    DISABLED = "disabled"  # our configuration or the server's policy: release, no attempt spent
+
+
+D, R, A, X = Verdict.DEFERRED, Verdict.REJECTED, Verdict.AMBIGUOUS, Verdict.DISABLED
+
+
+class Row(NamedTuple):
+    temporary: Verdict
+    permanent: Verdict
+    access: Verdict
+    network: Verdict
+    timeout: Verdict
+    tls: Verdict
+    not_offered: Verdict
+    other: Verdict
+
+
+OUTCOME_TABLE: Final[dict[Phase, Row]] = {
+    #                  4xx 5xx 530 network timeout tls not-offered other
+    Phase.PREPARE:  Row(R, R, R, R, R, R, R, R),
+    Phase.CONNECT:  Row(D, X, X, D, D, D, X, D),
+    Phase.EHLO:     Row(D, X, X, D, D, D, X, D),
+    Phase.STARTTLS: Row(D, X, X, D, D, D, X, D),
+    Phase.AUTH:     Row(D, X, X, D, D, D, X, D),
+    Phase.MAIL:     Row(D, R, X, D, D, D, R, D),
+    Phase.RCPT:     Row(D, R, X, D, D, D, R, D),
+    Phase.DATA:     Row(D, R, X, D, D, D, R, D),
+    Phase.CONTENT:  Row(D, R, X, A, A, A, A, A),
+}  # fmt: skip
+"""How a send that did not end in a 250 to its content becomes an outcome.
+
+A 250 reply to the content is Accepted: `provider_message_id` is the server's reply text
+when it carries a queue id ("250 2.0.0 Ok: queued as 4BqF3X"), else the email's Message-ID.
+Every other ending is (phase, kind of failure) looked up here:
+
+- PREPARE: the email cannot be expressed in SMTP (bad address, unencodable MIME): Rejected.
+- Setting up the session (CONNECT, EHLO, STARTTLS, AUTH): a connection refused, a DNS
+  failure, a timeout, a TLS handshake failure or a 4xx is Deferred. A 5xx, a 530, or a
+  missing extension we were told to use (STARTTLS with SMTP_TLS=starttls, AUTH when
+  SMTP_USERNAME is set, AUTH over plain text) is Disabled: it is not this email's fault
+  and every email would fail the same way (AUTH 535 bad credentials is the usual case).
+- MAIL FROM, RCPT TO, the DATA command: 4xx Deferred, 5xx Rejected, 530 Disabled; a
+  timeout or lost connection Deferred (no content was sent); an address that needs
+  SMTPUTF8 when the server lacks it Rejected.
+- CONTENT, after the message bytes started to leave: 4xx Deferred and 5xx Rejected (the
+  server answered), 530 Disabled (answered, so not delivered); anything without a reply
+  -- timeout, lost connection, TLS error, a garbled reply -- Ambiguous.
+
+A reused connection found dead at MAIL FROM (lost, or a 421) is retried once on a fresh
+connection before this table is consulted: the server had not seen the message yet.
+"""
+
+del D, R, A, X
+
+_ENHANCED_STATUS = re.compile(r"^\d\.\d{1,3}\.\d{1,3}\s*")
+# "queued as 4BqF3X1Zz5z9sW" (Postfix), "id=1rXyZ-000abc-De" (Exim), or a bare token with a
+# digit in it, 8+ characters long (sendmail "x8AB12345", SES "0100018b...-000000").
+_QUEUE_ID = re.compile(
+    r"queued as \S+|\bid=\S+|\b(?=[A-Za-z0-9._-]*\d)[A-Za-z0-9][A-Za-z0-9._-]{7,}", re.IGNORECASE
+)
+_LINE_START_DOT = re.compile(rb"(?m)^\.")
+_BARE_LINE_ENDING = re.compile(rb"\r\n|\r|\n")
+
+
+def verdict_for(phase: Phase, failure: Failure) -> Verdict:
+    verdict: Verdict = getattr(OUTCOME_TABLE[phase], failure.name.lower())
+    return verdict
+
+
+def classify(exc: BaseException) -> Failure:
+    """The kind of failure an exception from aiosmtplib (or the socket below) stands for."""
+    if isinstance(exc, SMTPResponseException) and 400 <= exc.code < 600:
+        if exc.code == REPLY_ACCESS_DENIED:
+            return Failure.ACCESS
+        return Failure.TEMPORARY if exc.code < 500 else Failure.PERMANENT
+    if _caused_by(exc, ssl.SSLError):
+        return Failure.TLS
+    if isinstance(exc, TimeoutError):  # aiosmtplib's timeouts subclass it
+        return Failure.TIMEOUT
+    if isinstance(exc, OSError):  # ConnectionError, gaierror, SMTPServerDisconnected, ...
+        return Failure.NETWORK
+    return Failure.OTHER
+
+
+def provider_message_id(reply_text: str, email: OutgoingEmail) -> str:
+    """The server's final reply when it names a queue id, else our own Message-ID."""
+    text = " ".join(reply_text.split())
+    if _QUEUE_ID.search(_ENHANCED_STATUS.sub("", text)):
+        return text[:PROVIDER_MESSAGE_ID_MAX]
+    return email.rfc_message_id
+
+
+class StepFailed(Exception):
+    """A step of the SMTP conversation failed: where, what kind, and what to tell people."""
+
+    def __init__(
+        self, phase: Phase, failure: Failure, detail: str, *, reply_code: int | None = None
+    ) -> None:
+        super().__init__(f"{phase.value}: {detail}")
+        self.phase = phase
+        self.failure = failure
+        self.detail = detail
+        self.reply_code = reply_code
+
+    @classmethod
+    def from_exception(cls, phase: Phase, exc: BaseException) -> StepFailed:
+        if isinstance(exc, StepFailed):
+            return exc
+        code = exc.code if isinstance(exc, SMTPResponseException) else None
+        return cls(phase, classify(exc), _describe(exc), reply_code=code)
+
+    @property
+    def is_reply(self) -> bool:
+        """The server answered: the session is still in a known state."""
+        return self.failure in (Failure.TEMPORARY, Failure.PERMANENT, Failure.ACCESS)
+
+    @property
+    def looks_like_stale_connection(self) -> bool:
+        """What a connection the server dropped while idle looks like at its next command."""
+        return self.phase is Phase.MAIL and (
+            self.failure is Failure.NETWORK or self.reply_code == REPLY_SERVICE_CLOSING
+        )
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What goes on the wire for one email, prepared before any connection is touched."""
+
+    sender: str
+    recipient: str
+    content: bytes
+    needs_smtputf8: bool
+
+    @classmethod
+    def of(cls, email: OutgoingEmail) -> Envelope:
+        sender, sender_utf8 = _envelope_address(email.from_email)
+        recipient, recipient_utf8 = _envelope_address(email.to_email)
+        needs_smtputf8 = sender_utf8 or recipient_utf8
+        # An internationalized mailbox must appear in the headers as UTF-8 too (RFC 6532).
+        content = email.mime.as_bytes(policy=SMTPUTF8) if needs_smtputf8 else email.raw
+        return cls(sender, recipient, _dot_stuffed(content), needs_smtputf8)
+
+
+@dataclass(eq=False)
+class Connection:
+    client: SMTP
+    reused: bool = False  # it carried a transaction before this one
+    needs_reset: bool = False  # its last transaction ended in a refusal: RSET before reuse
+
+
+class SMTPProvider(SendOneByOne):
+    name = "smtp"
+    max_batch_size = 1
+    idempotency_window: timedelta | None = None  # SMTP has no idempotency key
+
+    def __init__(self, settings: Settings) -> None:
+        self._host = settings.smtp_host
+        self._port = settings.smtp_port
+        self._tls_mode = settings.smtp_tls
+        self._timeout = settings.smtp_timeout
+        self._username = settings.smtp_username
+        self._password = (
+            settings.smtp_password.get_secret_value() if settings.smtp_password else None
+        )
+        # Built now, so a missing or unreadable SMTP_CA_FILE fails at startup, loudly.
+        self._tls_context = _tls_context(settings)
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._idle: list[Connection] = []  # a stack: the most recently used is reused first
+        self._local_hostname: str | None = None
+        self._closed = False
+
+    # --- sending ---------------------------------------------------------------------------
+
+    async def send(self, email: OutgoingEmail) -> SendOutcome:
+        try:
+            envelope = Envelope.of(email)
+        except Exception as exc:
+            return self._outcome(StepFailed.from_exception(Phase.PREPARE, exc), email)
+        async with self._slots:
+            try:
+                reply = await self._send_over_pool(envelope)
+            except StepFailed as failed:
+                return self._outcome(failed, email)
+        return Accepted(provider_message_id=provider_message_id(reply.message, email))
+
+    async def _send_over_pool(self, envelope: Envelope) -> SMTPResponse:
+        connection = await self._checkout()
+        try:
+            return await self._transact(connection, envelope)
+        except StepFailed as failed:
+            if not (connection.reused and failed.looks_like_stale_connection):
+                raise
+            log.info("smtp: a pooled connection was dead (%s); retrying on a new one", failed)
+        # Only MAIL FROM had been sent, and it was not accepted: nothing to duplicate.
+        return await self._transact(await self._open(), envelope)
+
+    async def _transact(self, connection: Connection, envelope: Envelope) -> SMTPResponse:
+        """One mail transaction; hands the connection back to the pool or closes it."""
+        try:
+            reply = await self._deliver(connection.client, envelope)
+        except StepFailed as failed:
+            connection.needs_reset = True
+            self._checkin(connection, healthy=failed.is_reply)
+            raise
+        except BaseException:  # cancelled mid-conversation: its state is unknown
+            connection.client.close()
+            raise
+        self._checkin(connection, healthy=True)
+        return reply
+
+    async def _deliver(self, client: SMTP, envelope: Envelope) -> SMTPResponse:
+        """MAIL FROM, RCPT TO, DATA, content: the final reply, or StepFailed naming the phase."""
+        phase = Phase.MAIL
+        try:
+            options = []
+            if envelope.needs_smtputf8:
+                if not client.supports_extension("smtputf8"):
+                    raise StepFailed(
+                        phase,
+                        Failure.NOT_OFFERED,
+                        "an address needs SMTPUTF8, which the server does not offer",
+                    )
+                options.append("SMTPUTF8")
+            if client.supports_extension("size"):
+                options.append(f"SIZE={len(envelope.content)}")
+            encoding = "utf-8" if envelope.needs_smtputf8 else "ascii"
+            await client.mail(envelope.sender, options=options, encoding=encoding)
+            phase = Phase.RCPT
+            await client.rcpt(envelope.recipient, encoding=encoding)
+            phase = Phase.DATA
+            start = await client.execute_command(b"DATA")
+            if start.code != REPLY_START_INPUT:
+                raise SMTPResponseException(start.code, start.message)
+            _write_content(client, envelope.content)
+            # From here on the server may end up with the message, whatever happens next.
+            phase = Phase.CONTENT
+            final = await _final_reply(client, self._timeout)
+            if final.code != REPLY_COMPLETED:
+                raise SMTPResponseException(final.code, final.message)
+            return final
+        except Exception as exc:
+            raise StepFailed.from_exception(phase, exc) from exc
+
+    def _outcome(self, failed: StepFailed, email: OutgoingEmail) -> SendOutcome:
+        verdict = verdict_for(failed.phase, failed.failure)
+        text = self._scrub(f"SMTP {self._host}:{self._port}, {failed.phase.value}: {failed.detail}")
+        log.debug("smtp: %s -> %s", text, verdict.value)
+        if verdict is Verdict.DEFERRED:
+            return Deferred(text)
+        if verdict is Verdict.REJECTED:
+            return Rejected(text)
+        if verdict is Verdict.DISABLED:
+            return Disabled(text)
+        # No key to resend under: the worker must not retry this, only reconcile it. No
+        # provider_message_id either: the server gave none, and ours is not evidence.
+        return Ambiguous(text, keyed=False)
+
+    # --- the pool --------------------------------------------------------------------------
+
+    async def _checkout(self) -> Connection:
+        """An idle connection that still looks alive, or a new one. Call holding a slot."""
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.client.loop is not asyncio.get_running_loop():
+                continue  # opened under an event loop that has since ended: unusable here
+            if not connection.client.is_connected:  # the server hung up while it sat idle
+                connection.client.close()
+                continue
+            if connection.needs_reset:
+                try:
+                    await connection.client.rset()
+                except Exception:  # before MAIL FROM: just take another connection
+                    connection.client.close()
+                    continue
+                except BaseException:
+                    connection.client.close()
+                    raise
+                connection.needs_reset = False
+            return connection
+        return await self._open()
+
+    def _checkin(self, connection: Connection, *, healthy: bool) -> None:
+        if healthy and not self._closed and connection.client.is_connected:
+            connection.reused = True
+            self._idle.append(connection)
+        else:
+            connection.client.close()
+
+    async def _open(self) -> Connection:
+        """Connect, greet, upgrade to TLS and log in, as configured."""
+        phase = Phase.CONNECT
+        client: SMTP | None = None
+        try:
+            client = SMTP(
+                hostname=self._host,
+                port=self._port,
+                timeout=self._timeout,
+                local_hostname=await self._ehlo_name(),
+                use_tls=self._tls_mode == "implicit",
+                start_tls=False,  # done below, step by step, so each failure has its phase
+                tls_context=self._tls_context,
+            )
+            await client.connect()
+            phase = Phase.EHLO
+            await _greet(client)
+            if self._tls_mode == "starttls" or (
+                self._tls_mode == "auto" and client.supports_extension("starttls")
+            ):
+                phase = Phase.STARTTLS
+                if not client.supports_extension("starttls"):
+                    raise StepFailed(
+                        phase,
+                        Failure.NOT_OFFERED,
+                        "the server does not offer STARTTLS, and SMTP_TLS=starttls requires it",
+                    )
+                await client.starttls()
+                phase = Phase.EHLO
+                await _greet(client)  # RFC 3207: forget what was learned before TLS
+            if self._username is not None:
+                phase = Phase.AUTH
+                await self._authenticate(client)
+        except BaseException as exc:
+            if client is not None:
+                client.close()
+            if isinstance(exc, Exception):
+                raise StepFailed.from_exception(phase, exc) from exc
+            raise
+        return Connection(client)
+
+    async def _authenticate(self, client: SMTP) -> None:
+        assert self._username is not None
+        encrypted = client.get_transport_info("sslcontext") is not None
+        if not encrypted and self._tls_mode != "none":
+            raise StepFailed(
+                Phase.AUTH,
+                Failure.NOT_OFFERED,
+                "refusing to send credentials over an unencrypted connection (the server "
+                "did not offer STARTTLS); set SMTP_TLS=none to allow it",
+            )
+        if not client.supports_extension("auth"):
+            raise StepFailed(
+                Phase.AUTH,
+                Failure.NOT_OFFERED,
+                "the server does not offer AUTH, but SMTP_USERNAME is set",
+            )
+        if not client.supported_auth_methods:
+            offered = " ".join(client.server_auth_methods) or "none"
+            raise StepFailed(
+                Phase.AUTH,
+                Failure.NOT_OFFERED,
+                f"no AUTH mechanism in common (the server offers: {offered})",
+            )
+        await client.login(self._username, self._password or "")
+
+    async def _ehlo_name(self) -> str:
+        # getfqdn can block on DNS: look it up once, off the event loop.
+        if self._local_hostname is None:
+            name = await asyncio.to_thread(socket.getfqdn)
+            usable = name.isascii() and name.isprintable() and " " not in name
+            self._local_hostname = name if name and usable else "localhost"
+        return self._local_hostname
+
+    def _scrub(self, text: str) -> str:
+        """Error texts are stored and shown: make sure no form of the password is in them."""
+        if self._password:
+            secrets = {self._password, base64.b64encode(self._password.encode()).decode()}
+            for secret in secrets:
+                text = text.replace(secret, "[redacted]")
+        return text[:ERROR_TEXT_MAX]
+
+    async def aclose(self) -> None:
+        """QUIT every idle connection; in-flight ones are closed when they come back."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        await asyncio.gather(*(_quit(connection.client) for connection in idle))
+
+
+@register("smtp")
+def create(settings: Settings) -> SMTPProvider:
+    return SMTPProvider(settings)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _tls_context(settings: Settings) -> ssl.SSLContext | None:
+    if settings.smtp_tls == "none":
+        return None
+    context = ssl.create_default_context()  # the system's CAs, hostname checks, TLS >= 1.2
+    if settings.smtp_ca_file is not None:
+        context.load_verify_locations(cafile=str(settings.smtp_ca_file))
+    if not settings.smtp_tls_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+async def _greet(client: SMTP) -> None:
+    """EHLO, falling back to HELO for servers that only speak plain SMTP."""
+    try:
+        await client.ehlo()
+    except SMTPHeloError:
+        if not client.is_connected:
+            raise
+        await client.helo()
+
+
+# aiosmtplib's `data()` sends the DATA command and the content in one call, so a failure
+# inside it cannot tell "the server never saw the message" from "the server may have queued
+# it". We send DATA ourselves and use the protocol's own write and read for the content.
+
+
+def _write_content(client: SMTP, content: bytes) -> None:
+    """Hand the dot-stuffed content to the transport. Raises only if none of it was sent."""
+    protocol = client.protocol
+    if protocol is None:
+        raise SMTPServerDisconnected("Connection lost")
+    protocol.write(content)  # checks the connection before writing a single byte
+
+
+async def _final_reply(client: SMTP, reply_wait: float) -> SMTPResponse:
+    protocol = client.protocol
+    try:
+        if protocol is None:
+            raise SMTPServerDisconnected("Connection lost")
+        return await protocol.read_response(timeout=reply_wait)
+    except BaseException:
+        client.close()  # a reply read late would be taken for the next command's
+        raise
+
+
+async def _quit(client: SMTP) -> None:
+    try:
+        await asyncio.wait_for(client.quit(), QUIT_TIMEOUT)
+    except Exception as exc:  # a goodbye that fails changes nothing
+        log.debug("smtp: QUIT failed: %s", _describe(exc))
+    finally:
+        client.close()
+
+
+def _envelope_address(address: str) -> tuple[str, bool]:
+    """The address with an ASCII (IDNA) domain, and whether its local part needs SMTPUTF8."""
+    local, at, domain = address.rpartition("@")
+    if not at or not local or not domain:
+        raise ValueError(f"not an email address: {address!r}")
+    ascii_domain = domain.encode("idna").decode("ascii")
+    return f"{local}@{ascii_domain}", not local.isascii()
+
+
+def _dot_stuffed(content: bytes) -> bytes:
+    """The DATA payload: CRLF line endings, leading dots doubled, then CRLF "." CRLF."""
+    content = _BARE_LINE_ENDING.sub(b"\r\n", content)
+    if not content.endswith(b"\r\n"):
+        content += b"\r\n"
+    return _LINE_START_DOT.sub(b"..", content) + b".\r\n"
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, StepFailed):
+        return exc.detail
+    if isinstance(exc, SMTPResponseException):
+        return " ".join(f"{exc.code} {exc.message}".split())
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
