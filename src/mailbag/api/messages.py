@@ -11,7 +11,7 @@ from mailbag.api.deps import KeyDep, NowDep, ServicesDep, TenantDep
 from mailbag.api.problems import COMMON, documented
 from mailbag.api.replay import replayed
 from mailbag.api.schemas import MessageCreate, MessageOut, MessagePage
-from mailbag.domain.message import new_message, normalize_address
+from mailbag.domain.message import InvalidMessage, new_message, normalize_address
 from mailbag.domain.states import Status
 
 router = APIRouter(prefix="/v1/messages", tags=["messages"])
@@ -68,7 +68,10 @@ async def list_messages(
     cursor: Annotated[str | None, Query(max_length=100)] = None,
 ) -> Any:
     """Newest first; pass `next_cursor` back as `cursor` for the next page."""
-    recipient = normalize_address(to) if to else None
+    try:
+        recipient = normalize_address(to) if to else None
+    except ValueError as exc:
+        raise InvalidMessage({"to": f"is not a valid email address: {exc}"}) from None
     return await svc.messages.list(
         tenant_id=tenant.id, status=status, to=recipient, limit=limit, cursor=cursor
     )
