@@ -127,6 +127,7 @@ class RecordingSMTPServer:
         self.queue_ids = queue_ids
         self.idle_timeout = idle_timeout
         self.hang_seconds = hang_seconds
+        self.reply_delay = 0.0  # seconds to wait before answering the message content
         self.host = "127.0.0.1"
         self.port = _free_port(self.host)
 
@@ -455,6 +456,8 @@ class _Handler:
         return "250 OK"
 
     async def handle_DATA(self, server: _Session, session: Session, envelope: Envelope) -> str:
+        if self.recorder.reply_delay:
+            await asyncio.sleep(self.recorder.reply_delay)  # a slow relay
         fault = self.recorder._take_fault("end_of_data", envelope.rcpt_tos)
         queue_id = uuid.uuid4().hex[:12].upper()
         if fault is not None:

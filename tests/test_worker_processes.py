@@ -1,0 +1,259 @@
+"""Worker replicas as real processes, sending to a real SMTP server (aiosmtpd).
+
+Races between replicas, SIGKILL at random moments, a database restart, and a SIGTERM
+drain. Every claim is checked where it matters: Message-IDs counted at the SMTP server.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from conftest import IN_CI
+from mailbag.compose import message_id_from_rfc
+from mailbag.domain.states import Status
+from mailbag.store import outbox as store
+from mailbag.store.plan import run
+from mailbag.store.schema import message_events, outbox_messages
+from servers import mailbag_env, start_mailbag, stop
+
+from helpers import message
+from smtp_server import RecordingSMTPServer
+
+pytestmark = pytest.mark.slow
+
+
+def enqueue_many(db: Any, n: int) -> None:
+    batch = [message(i) for i in range(n)]
+    with db.engine.begin() as conn:
+        for start in range(0, n, 1000):
+            run(
+                conn,
+                store.enqueue(
+                    db.dialect, batch[start : start + 1000], now=store_now(), default_max_attempts=5
+                ),
+            )
+
+
+def store_now() -> Any:
+    from mailbag.clock import utcnow
+
+    return utcnow()
+
+
+def counts(db: Any) -> dict[str, int]:
+    with db.engine.connect() as conn:
+        return run(conn, store.count_by_status())
+
+
+def worker_env(db: Any, smtp: RecordingSMTPServer, **settings: str) -> dict[str, str]:
+    base = {
+        "provider": "smtp",
+        "smtp_host": smtp.host,
+        "smtp_port": str(smtp.port),
+        "smtp_tls": "none",
+        "poll_interval": "0.2",
+        "batch_size": "50",
+        "concurrency": "16",
+    }
+    return mailbag_env(db.url, **{**base, **settings})
+
+
+def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[Any]:
+    return start_mailbag("worker", env=env, stdout=subprocess.DEVNULL, stderr=log.open("ab"))
+
+
+def wait_for(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def delivered_ids(smtp: RecordingSMTPServer) -> Counter[Any]:
+    return Counter(message_id_from_rfc(mid) for mid in smtp.message_ids() if mid)
+
+
+@pytest.mark.parametrize("db", ["postgresql", "mysql"], indirect=True)
+def test_four_workers_deliver_every_message_exactly_once(db, tmp_path):
+    total = 5000
+    enqueue_many(db, total)
+    with RecordingSMTPServer() as smtp:
+        env = worker_env(db, smtp)
+        workers = [start_worker(env, tmp_path / f"w{i}.log") for i in range(4)]
+        try:
+            wait_for(lambda: counts(db).get("sent", 0) == total, 240, "every message sent")
+        finally:
+            codes = [stop(w) for w in workers]
+        assert codes == [0, 0, 0, 0], (tmp_path / "w0.log").read_text()[-2000:]
+        arrived = delivered_ids(smtp)
+    assert len(arrived) == total
+    assert [mid for mid, n in arrived.items() if n > 1] == []
+    assert counts(db) == {"sent": total}
+    with db.engine.connect() as conn:
+        senders = (
+            conn.execute(
+                select(message_events.c.actor)
+                .where(message_events.c.to_status == Status.SENT.value)
+                .distinct()
+            )
+            .scalars()
+            .all()
+        )
+    assert len(senders) == 4  # every replica took part: the race was real
+
+
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+def test_killed_workers_never_cause_a_duplicate(db, tmp_path):
+    """SIGKILL at random moments, restarts, a short lease: nothing lost, nothing sent twice,
+    and `unknown` only for messages a killed worker held."""
+    total = 2000
+    enqueue_many(db, total)
+    rng = random.Random(20261130)
+    with RecordingSMTPServer() as smtp:
+        smtp.reply_delay = 0.005
+        env = worker_env(db, smtp, lease_seconds="2", concurrency="8", batch_size="20")
+        workers = [start_worker(env, tmp_path / "workers.log") for _ in range(3)]
+        killed: set[str] = set()
+        host = os.uname().nodename
+        try:
+            deadline = time.monotonic() + 180
+            kills = 0
+            while time.monotonic() < deadline:
+                time.sleep(rng.uniform(0.3, 1.2))
+                left = counts(db)
+                if (
+                    not left.get("pending")
+                    and not left.get("retrying")
+                    and not left.get("processing")
+                ):
+                    break
+                if kills < 6:
+                    victim = rng.randrange(len(workers))
+                    killed.add(f"{host}:{workers[victim].pid}")
+                    stop(workers[victim], signal.SIGKILL)
+                    workers[victim] = start_worker(env, tmp_path / "workers.log")
+                    kills += 1
+            assert kills >= 3, "the run ended before the workers could be killed"
+        finally:
+            for worker in workers:
+                stop(worker)
+        final = counts(db)
+        arrived = delivered_ids(smtp)
+
+    assert set(final) <= {"sent", "failed", "dead", "unknown"}, final
+    assert sum(final.values()) == total
+    assert [mid for mid, n in arrived.items() if n > 1] == []
+    with db.engine.connect() as conn:
+        rows = conn.execute(
+            select(outbox_messages.c.id, outbox_messages.c.status, outbox_messages.c.claimed_by)
+        ).all()
+    sent = {r.id for r in rows if r.status == Status.SENT}
+    assert sent <= set(arrived)  # what we call sent did arrive
+    unknown = [r for r in rows if r.status == Status.UNKNOWN]
+    assert all(r.claimed_by in killed for r in unknown), "unknown only where a worker died"
+    assert final.get("sent", 0) >= total - 8 * len(killed)
+
+
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+def test_the_worker_rides_out_a_database_restart(db, tmp_path):
+    cluster = _local_postgres_cluster(db)
+    total = 600
+    enqueue_many(db, total)
+    with RecordingSMTPServer() as smtp:
+        smtp.reply_delay = 0.01
+        env = worker_env(db, smtp, concurrency="8", batch_size="20")
+        worker = start_worker(env, tmp_path / "worker.log")
+        try:
+            wait_for(lambda: counts(db).get("sent", 0) >= 100, 60, "the run to get going")
+            _pg_ctl(cluster, "stop")  # fast shutdown: every connection is cut
+            time.sleep(3)  # sends in flight finish; their outcomes wait for the database
+            _pg_ctl(cluster, "start")
+            db.engine.dispose()
+            wait_for(lambda: counts(db).get("sent", 0) == total, 120, "every message sent")
+        finally:
+            code = stop(worker)
+        assert code == 0
+        arrived = delivered_ids(smtp)
+    log = (tmp_path / "worker.log").read_text()
+    assert "database_unavailable" in log or "finalize_failed" in log  # the outage was felt
+    assert len(arrived) == total and max(arrived.values()) == 1
+    assert counts(db) == {"sent": total}
+
+
+def test_sigterm_lets_sends_finish_and_exits_zero(tmp_path):
+    from mailbag.store import migrate
+    from mailbag.store.database import dialect_of, make_engine
+
+    url = f"sqlite:///{tmp_path / 'drain.db'}"
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+
+    class DB:
+        pass
+
+    db = DB()
+    db.engine, db.url, db.dialect = engine, url, dialect_of(url)  # type: ignore[attr-defined]
+    enqueue_many(db, 6)
+    with RecordingSMTPServer() as smtp:
+        smtp.reply_delay = 1.5
+        env = worker_env(db, smtp, concurrency="2", batch_size="2", shutdown_grace="10")
+        worker = start_worker(env, tmp_path / "worker.log")
+        wait_for(
+            lambda: counts(db).get("processing", 0) == 2 and len(smtp.arrived) == 0,
+            30,
+            "two sends in flight",
+        )
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert stop(worker, signal.SIGTERM) == 0
+        assert time.monotonic() - started < 10
+        arrived = delivered_ids(smtp)
+    assert len(arrived) == 2
+    final = counts(db)
+    assert final == {"sent": 2, "pending": 4}
+    with engine.connect() as conn:
+        attempts = conn.execute(
+            select(func.max(outbox_messages.c.attempt_count)).where(
+                outbox_messages.c.status == "pending"
+            )
+        ).scalar_one()
+    assert attempts == 0
+
+
+def _local_postgres_cluster(db: Any) -> str:
+    """The local cluster behind the test URL, which this test may stop and start."""
+    clusters = Path("/etc/postgresql")
+    local = "127.0.0.1" in db.url or "localhost" in db.url
+    usable = bool(shutil.which("pg_ctlcluster")) and clusters.is_dir() and os.geteuid() == 0
+    if not (usable and local):
+        if IN_CI:
+            pytest.fail("CI needs a local PostgreSQL cluster it can restart (pg_ctlcluster)")
+        pytest.skip("no local PostgreSQL cluster to restart")
+    return sorted(p.name for p in clusters.iterdir())[0]
+
+
+def _pg_ctl(version: str, action: str) -> None:
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
+        check=True,
+        capture_output=True,
+    )
+    if action == "start":
+        for _ in range(60):
+            if subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode == 0:
+                return
+            time.sleep(0.5)
+        raise AssertionError("PostgreSQL did not come back")
