@@ -310,8 +310,7 @@ async def test_a_keyed_retry_is_never_sent_inside_a_batch(db, async_engine):
             return Ambiguous("read timeout")
         return Accepted(f"p-{nth}")
 
-    provider = MemoryProvider(script, max_batch_size=10,
-                              idempotency_window=timedelta(minutes=30))
+    provider = MemoryProvider(script, max_batch_size=10, idempotency_window=timedelta(minutes=30))
     worker = make_worker(db, async_engine, provider, batch_size=10, concurrency=10)
     await run_until(worker, all_in(db, Status.SENT, total=4))
     retry = [e for e in provider.sent if e.message_id == first]

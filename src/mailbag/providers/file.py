@@ -12,6 +12,7 @@ import asyncio
 import os
 import tempfile
 from datetime import timedelta
+from email import policy
 from pathlib import Path
 
 from mailbag.compose import OutgoingEmail
@@ -45,7 +46,8 @@ class FileProvider(SendOneByOne):
         descriptor, temporary = tempfile.mkstemp(dir=self.folder, suffix=".part")
         try:
             with os.fdopen(descriptor, "wb") as handle:
-                handle.write(email.raw)
+                # Local line endings: the file is for people and tools, not an SMTP wire.
+                handle.write(email.mime.as_bytes(policy=policy.default))
             os.replace(temporary, final)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
