@@ -32,8 +32,10 @@ def test_terminal_states_have_no_way_out_but_an_operator_requeue():
 
 
 def test_unknown_leaves_only_by_evidence_or_an_operator():
-    actions = {t.action for t in states.TRANSITIONS if t.source is Status.UNKNOWN}
-    assert actions == {Action.REQUEUE, Action.RESOLVE_SENT, Action.RESOLVE_FAILED}
+    leaving = {t.action for t in states.TRANSITIONS
+               if t.source is Status.UNKNOWN and t.target is not Status.UNKNOWN}
+    assert leaving == {Action.REQUEUE, Action.RESOLVE_SENT, Action.RESOLVE_FAILED}
+    assert states.is_allowed(Status.UNKNOWN, Action.FLAG, Status.UNKNOWN)  # stays, flagged
 
 
 def test_only_pending_and_retrying_are_claimable():

@@ -73,7 +73,14 @@ class Settings(BaseSettings):
     shutdown_grace: float = Field(30.0, ge=0)
     worker_id: str = Field(default_factory=default_worker_id)
 
-    admin_password: SecretStr | None = None
+    admin_password: SecretStr | None = None  # unset: the console is off
+    admin_token: SecretStr | None = None  # unset: the admin API is off
+    brevo_webhook_secret: SecretStr | None = None
+    ses_webhook_secret: SecretStr | None = None
+    ses_topic_arns: str = ""  # comma-separated SNS topics whose notifications are accepted
+    sns_cert_hosts: str = r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$"
+    reconcile_every_seconds: float = Field(60.0, gt=0)
+    reconcile_flag_after_minutes: float = Field(60.0, gt=0)
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(8025, ge=0, le=65535)

@@ -26,6 +26,7 @@ from mailbag.domain.message import InvalidMessage
 from mailbag.services import idempotency
 from mailbag.services import messages as message_service
 from mailbag.services import verification as verification_service
+from mailbag.services.operations import Operations
 from mailbag.settings import Settings
 from mailbag.store import migrate
 from mailbag.store.database import dialect_of, make_async_engine
@@ -51,7 +52,8 @@ def create_app(
             clock=clock,
             messages=message_service.Messages(engine, dialect, settings),
             verifications=verification_service.Verifications(engine, dialect, settings),
-            catalog_names=catalog.names(),
+            operations=Operations(engine, dialect, default_attempts=settings.max_attempts),
+            catalog=catalog,
         )
         try:
             yield

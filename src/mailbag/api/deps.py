@@ -16,9 +16,11 @@ from mailbag.clock import Clock
 from mailbag.services import tenants
 from mailbag.services.idempotency import InvalidIdempotencyKey, check_key, key_hash
 from mailbag.services.messages import Messages
+from mailbag.services.operations import Operations
 from mailbag.services.verification import Verifications
 from mailbag.settings import Settings
 from mailbag.store.tenants import Tenant
+from mailbag.templates import Catalog
 
 
 @dataclass
@@ -28,7 +30,12 @@ class Services:
     clock: Clock
     messages: Messages
     verifications: Verifications
-    catalog_names: frozenset[str]
+    operations: Operations
+    catalog: Catalog
+
+    @property
+    def catalog_names(self) -> frozenset[str]:
+        return self.catalog.names()
 
 
 def services(request: Request) -> Services:

@@ -36,6 +36,7 @@ class Action(StrEnum):
     CANCEL = "cancel"  # withdrawn before any attempt
     RESOLVE_SENT = "resolve_sent"  # evidence shows an unknown send was accepted
     RESOLVE_FAILED = "resolve_failed"  # evidence shows an unknown send was not accepted
+    FLAG = "flag"  # no evidence came in time: an operator has to decide
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.PENDING, A.CANCEL, S.CANCELLED),
     Transition(S.UNKNOWN, A.RESOLVE_SENT, S.SENT),
     Transition(S.UNKNOWN, A.RESOLVE_FAILED, S.FAILED),
+    Transition(S.UNKNOWN, A.FLAG, S.UNKNOWN),
 )
 
 CLAIMABLE: frozenset[Status] = frozenset({S.PENDING, S.RETRYING})

@@ -43,7 +43,6 @@ def enqueue_many(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     actor: str = "app",
     now: datetime | None = None,
-    suppressed: frozenset[tuple[str, str]] = frozenset(),
 ) -> list[Enqueued]:
     plan = store.enqueue(
         _dialect(conn),
@@ -51,7 +50,6 @@ def enqueue_many(
         now=now or utcnow(),
         default_max_attempts=max_attempts,
         actor=actor,
-        suppressed=suppressed,
     )
     results = run(conn, plan)
     if any(r.created for r in results):
@@ -66,7 +64,6 @@ async def enqueue_many_async(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     actor: str = "app",
     now: datetime | None = None,
-    suppressed: frozenset[tuple[str, str]] = frozenset(),
 ) -> list[Enqueued]:
     plan = store.enqueue(
         _dialect(conn),
@@ -74,7 +71,6 @@ async def enqueue_many_async(
         now=now or utcnow(),
         default_max_attempts=max_attempts,
         actor=actor,
-        suppressed=suppressed,
     )
     results = await run_async(conn, plan)
     if any(r.created for r in results):

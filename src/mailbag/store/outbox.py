@@ -40,6 +40,7 @@ from mailbag.domain import states
 from mailbag.domain.ids import uuid7
 from mailbag.domain.message import Message, NewMessage, truncate_error
 from mailbag.domain.states import Action, Status
+from mailbag.store import suppressions as suppression_store
 from mailbag.store.database import Dialect
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import message_events, outbox_messages
@@ -123,7 +124,7 @@ def _allowed_by(action: Action) -> ColumnElement[bool]:
     return _in_states(states.sources(action))
 
 
-def _message(row: Row[Any]) -> Message:
+def message_from_row(row: Row[Any]) -> Message:
     mapping = row._mapping
     return Message(**{column.name: mapping[column.name] for column in om.columns})
 
@@ -153,7 +154,7 @@ def _transition(
         limit=limit,
         skip_locked=skip_locked,
     )
-    changed = [Changed(_message(row), Status(previous)) for row, previous in updated]
+    changed = [Changed(message_from_row(row), Status(previous)) for row, previous in updated]
     if changed:
         yield Step(
             insert(message_events),
@@ -222,19 +223,19 @@ def enqueue(
     now: datetime,
     default_max_attempts: int,
     actor: str = "api",
-    suppressed: frozenset[tuple[str, str]] = frozenset(),
 ) -> Plan[list[Enqueued]]:
     """Insert messages, idempotently by (tenant, key), without ever aborting the transaction.
 
     A taken key is skipped by the database (ON CONFLICT DO NOTHING / ON DUPLICATE KEY) rather
     than raised and caught, so the caller's transaction stays usable; the message that holds
-    the key is read back and returned with `created=False`. Messages to a (tenant, address)
-    in `suppressed` are written as `failed` at once, never offered to a provider.
+    the key is read back and returned with `created=False`. Messages to an address on the
+    tenant's suppression list are written as `failed` at once, never offered to a provider.
     """
     if not messages:
         return []
+    suppressed = yield from suppression_store.among((m.tenant_id, m.to_address) for m in messages)
     rows = [
-        _new_row(m, now, default_max_attempts, (m.tenant_id, m.to_address) in suppressed)
+        _new_row(m, now, default_max_attempts, (m.tenant_id, m.to_address.lower()) in suppressed)
         for m in messages
     ]
     yield Step(_insert_ignoring_taken_keys(dialect), rows)
@@ -251,7 +252,7 @@ def enqueue(
             # caller's isolation level and snapshot.
             lookup = lookup.with_for_update(read=True)
         for row in (yield Step(lookup)).all():
-            taken_by[(row.tenant_id, row.idempotency_key)] = _message(row)
+            taken_by[(row.tenant_id, row.idempotency_key)] = message_from_row(row)
 
     results: list[Enqueued] = []
     for m, new_row in zip(messages, rows, strict=True):
@@ -607,7 +608,7 @@ def get(message_id: uuid.UUID, tenant_id: str | None = None) -> Plan[Message | N
     if tenant_id is not None:
         query = query.where(om.c.tenant_id == tenant_id)
     row = (yield Step(query)).first()
-    return _message(row) if row else None
+    return message_from_row(row) if row else None
 
 
 def page(
@@ -639,7 +640,7 @@ def page(
     if created_to is not None:
         query = query.where(om.c.created_at < created_to)
     rows = (yield Step(query.order_by(om.c.id.desc()).limit(limit + 1))).all()
-    return [_message(row) for row in rows[:limit]], len(rows) > limit
+    return [message_from_row(row) for row in rows[:limit]], len(rows) > limit
 
 
 def events(message_id: uuid.UUID) -> Plan[list[Row[Any]]]:

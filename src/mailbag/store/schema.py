@@ -8,6 +8,7 @@ migration creates exactly `metadata_for(<its dialect>)`, and a test proves it.
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     CheckConstraint,
     Column,
     Computed,
@@ -269,6 +270,52 @@ def _verification_sends(md: MetaData) -> Table:
     )
 
 
+def _provider_events(md: MetaData) -> Table:
+    """Delivery events from providers' webhooks, raw payload kept, one row per event."""
+    return Table(
+        "provider_events",
+        md,
+        Column("id", bigint_pk(), primary_key=True, autoincrement=True),
+        Column("provider", String(20), nullable=False),
+        Column("dedup_key", String(100), nullable=False),
+        Column("kind", String(20), nullable=False),
+        Column("bounce_type", String(10)),
+        Column("provider_event", String(50), nullable=False),
+        Column("occurred_at", UTCDateTime, nullable=False),
+        Column("received_at", UTCDateTime, nullable=False),
+        Column("provider_message_id", String(255)),
+        Column("message_id", Uuid),  # ours, when the event could be matched to a message
+        Column("tenant_id", String(limits.TENANT_ID_MAX)),
+        Column("recipient", String(limits.ADDRESS_MAX)),
+        Column("detail", String(limits.ERROR_MAX)),
+        Column("raw", json_type(), nullable=False),
+        Index(None, "dedup_key", unique=True),
+        Index(None, "message_id"),
+        Index(None, "provider_message_id"),
+        Index(None, "received_at"),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+    )
+
+
+def _suppressions(md: MetaData) -> Table:
+    """Addresses a tenant must not send to (hard bounces, complaints, operators' choice)."""
+    return Table(
+        "suppressions",
+        md,
+        Column("id", bigint_pk(), primary_key=True, autoincrement=True),
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("email", String(limits.ADDRESS_MAX), nullable=False),  # lower case
+        Column("reason", String(50), nullable=False),
+        Column("detail", String(limits.ERROR_MAX)),
+        Column("source_event_id", BigInteger),
+        Column("created_at", UTCDateTime, nullable=False),
+        Index(None, "tenant_id", "email", unique=True),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+    )
+
+
 def _is_mysql(dialect: str | None) -> bool:
     return dialect in ("mysql", "mariadb")
 
@@ -282,6 +329,8 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     _email_verifications(md, dialect)
     _verification_events(md)
     _verification_sends(md)
+    _provider_events(md)
+    _suppressions(md)
     return md
 
 
@@ -293,6 +342,8 @@ idempotency_records = metadata.tables["idempotency_records"]
 email_verifications = metadata.tables["email_verifications"]
 verification_events = metadata.tables["verification_events"]
 verification_sends = metadata.tables["verification_sends"]
+provider_events = metadata.tables["provider_events"]
+suppressions = metadata.tables["suppressions"]
 _mysql_metadata = build_metadata("mysql")
 
 
