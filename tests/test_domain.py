@@ -32,8 +32,11 @@ def test_terminal_states_have_no_way_out_but_an_operator_requeue():
 
 
 def test_unknown_leaves_only_by_evidence_or_an_operator():
-    leaving = {t.action for t in states.TRANSITIONS
-               if t.source is Status.UNKNOWN and t.target is not Status.UNKNOWN}
+    leaving = {
+        t.action
+        for t in states.TRANSITIONS
+        if t.source is Status.UNKNOWN and t.target is not Status.UNKNOWN
+    }
     assert leaving == {Action.REQUEUE, Action.RESOLVE_SENT, Action.RESOLVE_FAILED}
     assert states.is_allowed(Status.UNKNOWN, Action.FLAG, Status.UNKNOWN)  # stays, flagged
 

@@ -85,7 +85,10 @@ def test_concurrent_claimers_take_every_row_exactly_once(db):
     duplicates = [mid for mid, n in Counter(every).items() if n > 1]
     assert duplicates == []
     assert len(every) == total
-    assert sum(1 for ids in taken if ids) > 1, "the race needs more than one winner to mean much"
+    if db.dialect != "sqlite":
+        # SQLite has one writer at a time and its busy handler favours whoever just wrote,
+        # so there one claimer may take everything; the servers must share the work.
+        assert sum(1 for ids in taken if ids) > 1, "the race needs several winners to mean much"
     with db.engine.connect() as conn:
         claims = conn.execute(
             select(func.count())

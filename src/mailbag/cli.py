@@ -6,14 +6,19 @@ Bad input exits with status 2 and a message on stderr, having written nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 from sqlalchemy import Engine
 
 from mailbag import log, providers, runtime, templates
@@ -23,13 +28,18 @@ from mailbag.domain.message import InvalidMessage, new_message
 from mailbag.domain.states import Status
 from mailbag.services import outbox as outbox_service
 from mailbag.services import tenants as tenant_service
+from mailbag.services.operations import Filter, Health, NotAllowed, Operations
+from mailbag.services.reconciliation import Reconciler
 from mailbag.settings import Settings
 from mailbag.store import idempotency as idempotency_store
 from mailbag.store import migrate as migrations
 from mailbag.store import outbox as store
 from mailbag.store import tenants as tenant_store
-from mailbag.store.database import dialect_of, make_engine
+from mailbag.store.database import dialect_of, make_async_engine, make_engine
 from mailbag.store.plan import run
+
+T = TypeVar("T")
+CLI_ACTOR = "operator:cli"
 
 app = typer.Typer(
     name="mailbag",
@@ -141,21 +151,66 @@ def enqueue(
     typer.echo(str(result.message.id))
 
 
+def with_operations(settings: Settings, action: Callable[[Operations], Awaitable[T]]) -> T:
+    """Run one operator action (the same code the console and admin API run)."""
+    migrated_engine(settings).dispose()
+
+    async def main() -> T:
+        engine = make_async_engine(settings.database_url, null_pool=True)
+        try:
+            operations = Operations(
+                engine, dialect_of(settings.database_url), default_attempts=settings.max_attempts
+            )
+            return await action(operations)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+def health_table(health: Health) -> Table:
+    table = Table(title="mailbag outbox", show_header=True, header_style="bold")
+    table.add_column("state")
+    table.add_column("messages", justify="right")
+    for state, count in health.counts.items():
+        table.add_row(state, str(count))
+    age = health.oldest_due_age_seconds
+    table.add_section()
+    table.add_row("oldest due (age)", f"{age:.1f} s" if age is not None else "-")
+    table.add_row("sent, last hour", str(sum(health.sent_per_5_minutes)))
+    rate = health.provider_error_rate
+    table.add_row("provider error rate", f"{rate:.1%}" if rate is not None else "-")
+    table.add_row("unmatched provider events", str(health.unmatched_provider_events))
+    table.add_row("suppressed addresses", str(health.suppressions))
+    return table
+
+
 @app.command()
 def stats(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Count messages by state."""
+    """Counts by state, the oldest due message's age, sends and errors in the last hour."""
     settings = load_settings()
-    engine = migrated_engine(settings)
-    with engine.connect() as conn:
-        counts = run(conn, store.count_by_status())
-    everything = {status.value: counts.get(status.value, 0) for status in Status}
+    health = with_operations(settings, lambda ops: ops.health(utcnow()))
     if as_json:
-        typer.echo(json.dumps(everything))
-        return
-    for status, count in everything.items():
-        typer.echo(f"{status:<12}{count:>10}")
+        typer.echo(json.dumps(health.as_dict()))
+    else:
+        Console().print(health_table(health))
+
+
+@app.command()
+def top(interval: Annotated[float, typer.Option(help="Seconds between updates.")] = 2.0) -> None:
+    """`stats`, live, until Ctrl-C."""
+    settings = load_settings()
+
+    async def watch(ops: Operations) -> None:
+        with Live(health_table(await ops.health(utcnow())), refresh_per_second=4) as live:
+            while True:
+                await asyncio.sleep(interval)
+                live.update(health_table(await ops.health(utcnow())))
+
+    with contextlib.suppress(KeyboardInterrupt):
+        with_operations(settings, watch)
 
 
 @app.command()
@@ -172,23 +227,12 @@ def requeue(
         fail("give a message id or --state, not both")
     if state is not None and state not in allowed:
         fail(f"--state must be one of {sorted(allowed)}")
-    where = (
-        store.om.c.id == parse_id(message_id)
-        if message_id is not None
-        else store.om.c.status == state
+    ids = [parse_id(message_id)] if message_id is not None else None
+    where = Filter(status=Status(state)) if state is not None else None
+    changed = with_operations(
+        settings,
+        lambda ops: ops.requeue(message_ids=ids, where=where, now=utcnow(), actor=CLI_ACTOR),
     )
-    engine = migrated_engine(settings)
-    with engine.begin() as conn:
-        changed = run(
-            conn,
-            store.requeue(
-                dialect_of(settings.database_url),
-                where=where,
-                now=utcnow(),
-                actor="operator:cli",
-                extra_attempts=settings.max_attempts,
-            ),
-        )
     if message_id is not None and not changed:
         fail(f"message {message_id} is not unknown or dead (or does not exist)", code=1)
     typer.echo(f"requeued {len(changed)} message(s)")
@@ -198,20 +242,102 @@ def requeue(
 def cancel(message_id: Annotated[str, typer.Argument(help="A pending message.")]) -> None:
     """Withdraw a pending message before any attempt."""
     settings = load_settings()
-    engine = migrated_engine(settings)
-    with engine.begin() as conn:
-        changed = run(
-            conn,
-            store.cancel(
-                dialect_of(settings.database_url),
-                where=store.om.c.id == parse_id(message_id),
-                now=utcnow(),
-                actor="operator:cli",
-            ),
+    target = parse_id(message_id)
+    try:
+        with_operations(
+            settings, lambda ops: ops.cancel(message_id=target, now=utcnow(), actor=CLI_ACTOR)
         )
-    if not changed:
+    except NotAllowed:
         fail(f"message {message_id} is not pending (or does not exist)", code=1)
     typer.echo(f"cancelled {message_id}")
+
+
+@app.command()
+def resolve(
+    message_id: Annotated[str, typer.Argument(help="An unknown message.")],
+    evidence: Annotated[str, typer.Option(help="What shows the outcome (required).")],
+    sent: Annotated[
+        bool, typer.Option("--sent/--failed", help="Was it accepted by the provider?")
+    ] = True,
+    provider_message_id: Annotated[str | None, typer.Option(help="The provider's id.")] = None,
+) -> None:
+    """Settle an unknown message as sent or failed, from evidence."""
+    settings = load_settings()
+    target = parse_id(message_id)
+    if not evidence.strip():
+        fail("--evidence must say what shows the outcome")
+    try:
+        with_operations(
+            settings,
+            lambda ops: ops.resolve(
+                message_id=target,
+                sent=sent,
+                evidence=evidence,
+                now=utcnow(),
+                actor=CLI_ACTOR,
+                provider_message_id=provider_message_id,
+            ),
+        )
+    except NotAllowed:
+        fail(f"message {message_id} is not unknown (or does not exist)", code=1)
+    typer.echo(f"{message_id} is now {'sent' if sent else 'failed'}")
+
+
+@app.command()
+def reconcile() -> None:
+    """Look for evidence about every unknown message now (workers do this regularly)."""
+    settings = load_settings()
+
+    async def once(ops: Operations) -> Mapping[str, int]:
+        provider = providers.create(settings.provider, settings)
+        try:
+            reconciler = Reconciler(
+                ops.engine,
+                ops.dialect,
+                provider=provider,
+                flag_after=timedelta(minutes=settings.reconcile_flag_after_minutes),
+            )
+            return await reconciler.run_once(utcnow(), message_domain=settings.message_id_host)
+        finally:
+            await provider.aclose()
+
+    outcomes = with_operations(settings, once)
+    typer.echo(json.dumps(dict(outcomes)))
+
+
+suppressions_app = typer.Typer(help="The suppression list.", no_args_is_help=True)
+app.add_typer(suppressions_app, name="suppressions")
+
+
+@suppressions_app.command("list")
+def suppressions_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
+) -> None:
+    settings = load_settings()
+    found = with_operations(settings, lambda ops: ops.suppressions(tenant_id=tenant, limit=1000))
+    for item in found:
+        typer.echo(f"{item.tenant_id}\t{item.email}\t{item.reason}\t{item.created_at:%Y-%m-%d}")
+
+
+@suppressions_app.command("add")
+def suppressions_add(tenant: str, email: str) -> None:
+    """Never send to this address for this tenant."""
+    settings = load_settings()
+    try:
+        added = with_operations(
+            settings, lambda ops: ops.suppress(tenant_id=tenant, email=email, now=utcnow())
+        )
+    except ValueError as exc:
+        fail(f"invalid address: {exc}")
+    typer.echo("suppressed" if added else "already suppressed")
+
+
+@suppressions_app.command("remove")
+def suppressions_remove(tenant: str, email: str) -> None:
+    settings = load_settings()
+    if not with_operations(settings, lambda ops: ops.unsuppress(tenant_id=tenant, email=email)):
+        fail(f"{email} is not suppressed for {tenant}", code=1)
+    typer.echo("removed")
 
 
 def parse_age(value: str) -> timedelta:
@@ -254,9 +380,17 @@ def worker(
     worker_id: Annotated[
         str | None, typer.Option("--id", help="Worker id (default host:pid).")
     ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus metrics on this port.")
+    ] = None,
 ) -> None:
     """Send email from the outbox until SIGTERM/SIGINT, then drain and exit 0."""
-    settings = load_settings(concurrency=concurrency, batch_size=batch_size, worker_id=worker_id)
+    settings = load_settings(
+        concurrency=concurrency,
+        batch_size=batch_size,
+        worker_id=worker_id,
+        metrics_port=metrics_port,
+    )
     log.configure(settings.log_level)
     check_provider(settings)
     try:

@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+_level = logging.INFO
 SECRET_KEYS = ("password", "token", "api_key", "apikey", "secret", "authorization", "key")
 _configured = False
 
@@ -27,10 +28,11 @@ def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> Mutab
 
 
 def configure(level: str = "INFO", *, json: bool = True) -> None:
-    global _configured
+    global _configured, _level
     if _configured:
         return
     _configured = True
+    _level = logging.getLevelName(level)
     logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per migration is noise
     renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
@@ -47,6 +49,11 @@ def configure(level: str = "INFO", *, json: bool = True) -> None:
         logger_factory=lambda *_: _StderrLogger(),
         cache_logger_on_first_use=False,
     )
+
+
+def enabled(level: int) -> bool:
+    """Whether lines at this level are written: hot paths skip building ones that are not."""
+    return level >= _level
 
 
 class _StderrLogger:

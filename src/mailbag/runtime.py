@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag import providers, templates
+from mailbag.services.reconciliation import Reconciler
 from mailbag.settings import Settings
 from mailbag.store import migrate
 from mailbag.store.database import dialect_of, make_async_engine, make_engine
-from mailbag.worker import Worker, WorkerConfig
+from mailbag.worker import PeriodicJob, Worker, WorkerConfig
 
 
 class SchemaNotCurrent(RuntimeError):
@@ -49,12 +52,25 @@ def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
     listen_url = (
         settings.database_url if dialect_of(settings.database_url) == "postgresql" else None
     )
+    provider = providers.create(settings.provider, settings)
+    reconciler = Reconciler(
+        engine,
+        dialect_of(settings.database_url),
+        provider=provider,
+        flag_after=timedelta(minutes=settings.reconcile_flag_after_minutes),
+    )
+    config = WorkerConfig.from_settings(settings)
+
+    async def reconcile(now: datetime) -> Mapping[str, int]:
+        return await reconciler.run_once(now, message_domain=config.message_id_domain)
+
     return Worker(
         engine=engine,
-        provider=providers.create(settings.provider, settings),
+        provider=provider,
         catalog=templates.load(settings.templates_dir),
-        config=WorkerConfig.from_settings(settings),
+        config=config,
         listen_url=listen_url,
+        jobs=[PeriodicJob("reconciled", settings.reconcile_every_seconds, reconcile)],
     )
 
 
@@ -99,6 +115,10 @@ async def run_serve(settings: Settings) -> None:
 
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or stop_on_signals()
+    if settings.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port, addr=settings.api_host)
     engine = worker_engine(settings)
     worker = build_worker(settings, engine)
     try:

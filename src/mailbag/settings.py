@@ -90,6 +90,7 @@ class Settings(BaseSettings):
     verification_sends_per_email_per_hour: int = Field(5, ge=1)
     verification_sends_per_tenant_per_hour: int = Field(1000, ge=1)
     log_level: str = "INFO"
+    metrics_port: int | None = Field(None, ge=0, le=65535)  # `worker`: serve /metrics here
 
     @field_validator("database_url")
     @classmethod

@@ -18,22 +18,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from mailbag import log, wakeup
+from mailbag import log, metrics, wakeup
 from mailbag.clock import Clock, utcnow
 from mailbag.compose import OutgoingEmail, compose
-from mailbag.domain.delivery import Ambiguous, Attempt, Decision, Disabled, Rejected, decide
+from mailbag.domain.delivery import (
+    Accepted,
+    Ambiguous,
+    Attempt,
+    Decision,
+    Disabled,
+    Rejected,
+    decide,
+)
 from mailbag.domain.message import Message
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.states import Action
@@ -82,6 +91,13 @@ class WorkerConfig:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class PeriodicJob:
+    name: str
+    every: float  # seconds
+    run: Callable[[datetime], Awaitable[Mapping[str, int]]]
+
+
 class Backoff:
     """Exponential delays between a first step and a cap, reset by a success."""
 
@@ -125,6 +141,7 @@ class Worker:
         clock: Clock = utcnow,
         rng: random.Random | None = None,
         listen_url: str | None = None,
+        jobs: Sequence[PeriodicJob] = (),
     ) -> None:
         self.engine = engine
         self.dialect: Dialect = dialect_of(engine.url)
@@ -134,6 +151,7 @@ class Worker:
         self.clock = clock
         self.rng = rng or random.Random()
         self.listen_url = listen_url
+        self.jobs = list(jobs)
         self.log = log.get("mailbag.worker", worker_id=config.worker_id)
 
         self.in_flight: dict[uuid.UUID, InFlight] = {}
@@ -162,6 +180,7 @@ class Worker:
             batch_size=self.config.batch_size,
         )
         helpers = [
+            *(asyncio.create_task(self._run_regularly(job), name=job.name) for job in self.jobs),
             asyncio.create_task(self._write_outcomes(), name="mailbag-finalizer"),
             asyncio.create_task(self._keep_leases(stop), name="mailbag-leases"),
             asyncio.create_task(self._listen(stop), name="mailbag-listen"),
@@ -195,6 +214,7 @@ class Worker:
             if free <= 0:
                 return False
             limit = min(self.config.batch_size, free)
+            started = time.perf_counter()
             async with self.engine.begin() as conn:
                 claim = await run_async(
                     conn,
@@ -206,6 +226,8 @@ class Worker:
                         limit=limit,
                     ),
                 )
+            metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
+            metrics.CLAIM_BATCH.observe(len(claim.messages))
             self.db_backoff.reset()
         except DB_ERRORS as exc:
             delay = self.db_backoff.next()
@@ -250,6 +272,11 @@ class Worker:
                 ),
             )
         self.last_sweep = time.monotonic()
+        if swept:
+            metrics.LEASE_EXPIRATIONS.inc(len(swept))
+            async with self.engine.connect() as conn:
+                again = await run_async(conn, store.expired_before([c.message.id for c in swept]))
+            metrics.LEASE_EXPIRED_AGAIN.inc(len(again))
         for changed in swept:
             self.stats["swept"] += 1
             self.log.warning(
@@ -301,11 +328,15 @@ class Worker:
         for message, _ in ready:
             self.in_flight[message.id].started = True
         emails = [email for _, email in ready]
+        started = time.perf_counter()
         try:
             if len(emails) == 1:
                 outcomes = [await self.provider.send(emails[0])]
             else:
                 outcomes = await self.provider.send_batch(emails)
+            metrics.PROVIDER_SECONDS.labels(self.provider.name).observe(
+                time.perf_counter() - started
+            )
         except asyncio.CancelledError:
             # The grace period ran out mid-send: whether it left is unknown.
             for message, _ in ready:
@@ -320,6 +351,8 @@ class Worker:
             self._decide(token, message, outcome)
 
     def _decide(self, token: uuid.UUID, message: Message, outcome: Any) -> None:
+        if not isinstance(outcome, Accepted):
+            metrics.PROVIDER_ERRORS.labels(self.provider.name, type(outcome).__name__.lower()).inc()
         decision = decide(
             outcome,
             Attempt(
@@ -412,6 +445,7 @@ class Worker:
             decision = item.decision
             if item.message.id in stale:
                 self.stats["stale"] += 1
+                metrics.STALE_FINALIZES.inc()
                 # Someone else owns this row now (our lease expired and it was swept or
                 # re-claimed): record what we knew, loudly, and change nothing.
                 self.log.error(
@@ -424,7 +458,13 @@ class Worker:
                 )
                 continue
             self.stats[decision.action.value] += 1
+        per_message_lines = log.enabled(logging.INFO)
         for changed in result.changed:
+            counter = metrics.OUTCOME_COUNTERS.get(changed.message.status)
+            if counter is not None:
+                counter.labels(self.provider.name, changed.message.template_name).inc()
+            if not per_message_lines:
+                continue
             self.log.info(
                 "transition",
                 message_id=str(changed.message.id),
@@ -461,6 +501,19 @@ class Worker:
                         )
             except DB_ERRORS as exc:
                 self.log.warning("lease_extension_failed", error=_describe(exc))
+
+    async def _run_regularly(self, job: PeriodicJob) -> None:
+        """A job the entry point hands in (reconciliation), every so often; its failures are
+        logged and it runs again next time."""
+        while True:
+            await asyncio.sleep(job.every)
+            try:
+                outcome = await job.run(self.clock())
+            except DB_ERRORS as exc:
+                self.log.warning("periodic_job_failed", job=job.name, error=_describe(exc))
+                continue
+            if outcome:
+                self.log.info(job.name, **outcome)
 
     async def _listen(self, stop: asyncio.Event) -> None:
         if self.dialect != "postgresql" or self.listen_url is None:

@@ -11,14 +11,15 @@ from typing import Any
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mailbag import log, templates
-from mailbag.api import messages, verifications
+from mailbag import console, log, metrics, templates
+from mailbag.api import admin, messages, verifications, webhooks
 from mailbag.api.deps import Services
 from mailbag.api.problems import ProblemError, problem_response
 from mailbag.clock import Clock, utcnow
@@ -26,7 +27,7 @@ from mailbag.domain.message import InvalidMessage
 from mailbag.services import idempotency
 from mailbag.services import messages as message_service
 from mailbag.services import verification as verification_service
-from mailbag.services.operations import Operations
+from mailbag.services.operations import NotAllowed, Operations
 from mailbag.settings import Settings
 from mailbag.store import migrate
 from mailbag.store.database import dialect_of, make_async_engine
@@ -70,6 +71,12 @@ def create_app(
     )
     app.include_router(messages.router)
     app.include_router(verifications.router)
+    if settings.admin_password is not None:
+        app.include_router(console.router(settings))
+    app.include_router(webhooks.router)
+    app.include_router(admin.router)
+    app.state.sns_certificates = webhooks.SnsCertificates(settings.sns_cert_hosts)
+    app.state.confirm_subscription = webhooks.confirm_subscription
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.middleware("http")(request_context)
@@ -78,6 +85,21 @@ def create_app(
     async def healthz() -> dict[str, str]:
         """The process is up."""
         return {"status": "ok"}
+
+    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+    async def prometheus_metrics(request: Request) -> Response:
+        """Prometheus metrics; the outbox-wide gauges are read from the database now."""
+        svc: Services = request.app.state.services
+        try:
+            health = await svc.operations.health(svc.clock())
+        except DATABASE_DOWN:
+            health = None
+        if health is not None:
+            for state, count in health.counts.items():
+                metrics.MESSAGES.labels(state).set(count)
+            metrics.OLDEST_DUE_AGE.set(health.oldest_due_age_seconds or 0)
+            metrics.UNMATCHED_STORED.set(health.unmatched_provider_events)
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/readyz", tags=["operations"], responses={503: {"description": "Not ready."}})
     async def readyz(request: Request) -> Response:
@@ -173,6 +195,11 @@ class BodyTooLarge(Exception):
     pass
 
 
+def _tenant() -> str:
+    bound: dict[str, Any] = structlog.contextvars.get_contextvars()
+    return str(bound.get("tenant", "unknown"))
+
+
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     # Pydantic echoes the offending input; a token or key must not come back in an error.
     return [
@@ -221,6 +248,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @handle(idempotency.KeyReused)
     def _reused(exc: idempotency.KeyReused) -> Response:
+        metrics.FINGERPRINT_CONFLICTS.labels(_tenant()).inc()
         return problem_response(
             409,
             "idempotency-key-reused",
@@ -228,6 +256,10 @@ def install_error_handlers(app: FastAPI) -> None:
             str(exc),
             first_operation=exc.operation,
         )
+
+    @handle(NotAllowed)
+    def _not_allowed(exc: NotAllowed) -> Response:
+        return problem_response(409, "not-allowed", "Not allowed in this state", str(exc))
 
     @handle(message_service.MessageNotFound)
     def _message_missing(exc: Exception) -> Response:

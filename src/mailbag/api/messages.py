@@ -44,7 +44,7 @@ async def create_message(
         known_templates=svc.catalog_names,
     )
     result = await svc.messages.create(key=key, message=message, now=now)
-    return replayed(result, response)
+    return replayed(result, response, "POST /v1/messages")
 
 
 @router.get(

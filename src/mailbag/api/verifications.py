@@ -47,7 +47,7 @@ async def request_verification(
         data=body.data,
     )
     result = await svc.verifications.request(tenant_id=tenant.id, key=key, request=request, now=now)
-    return replayed(result, response)
+    return replayed(result, response, "POST /v1/email-verifications")
 
 
 @router.get(
@@ -100,4 +100,4 @@ async def resend_verification(
     result = await svc.verifications.resend(
         tenant_id=tenant.id, key=key, verification_id=verification_id, now=now
     )
-    return replayed(result, response)
+    return replayed(result, response, "POST /v1/email-verifications/{id}/resend")

@@ -100,7 +100,11 @@ def suppresses(event: ProviderEvent) -> bool:
 def proves_acceptance(event: ProviderEvent) -> bool:
     """Whether the event shows the provider had the message: evidence that resolves an
     `unknown` send as sent. False (REJECTED) shows the provider did not send it."""
-    return event.kind in _ACCEPTANCE_KINDS
+    return kind_proves_acceptance(event.kind)
+
+
+def kind_proves_acceptance(kind: EventKind | str) -> bool:
+    return EventKind(kind) in _ACCEPTANCE_KINDS
 
 
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

@@ -29,6 +29,7 @@ import httpx
 
 from mailbag.compose import MESSAGE_ID_HEADER, OutgoingEmail
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
+from mailbag.domain.message import Message
 from mailbag.providers import register
 from mailbag.settings import Settings
 
@@ -151,9 +152,13 @@ def single_payload(email: OutgoingEmail) -> dict[str, Any]:
         "Message-Id": email.rfc_message_id,
         "idempotencyKey": brevo_idempotency_key(email),
     }
-    if email.tags:
-        payload["tags"] = list(email.tags)
+    # A tag naming our message lets reconciliation find this send in Brevo's records.
+    payload["tags"] = [*email.tags, lookup_tag(email.message_id)]
     return payload
+
+
+def lookup_tag(message_id: uuid.UUID) -> str:
+    return f"mailbag-{message_id}"
 
 
 def batch_payload(emails: Sequence[OutgoingEmail]) -> dict[str, Any]:
@@ -382,6 +387,19 @@ class BrevoProvider:
         if tag is not None:
             found = [record for record in found if tag in (record.get("tags") or [])]
         return found
+
+    async def find_sent(self, message: Message, rfc_message_id: str) -> str | None:
+        """Brevo's message id for one of our messages, if Brevo has a record of sending it.
+
+        Looks by recipient and our per-message tag (single sends carry it), then by our
+        Message-ID in case Brevo kept it. Raises BrevoLookupError when Brevo cannot say."""
+        found = await self.lookup(email=message.to_address, tag=lookup_tag(message.id))
+        if not found:
+            found = await self.lookup(message_id=rfc_message_id)
+        for record in found:
+            if record.get("messageId"):
+                return str(record["messageId"])
+        return None
 
     async def _lookup_page(self, query: Mapping[str, str | int]) -> list[dict[str, Any]]:
         assert self._api_key is not None

@@ -97,47 +97,82 @@ class Operations:
     def __init__(self, engine: AsyncEngine, dialect: Dialect, *, default_attempts: int) -> None:
         self.engine, self.dialect, self.default_attempts = engine, dialect, default_attempts
 
-    async def _follow(self, conn: AsyncConnection, changed: list[Changed], now: datetime,
-                      actor: str) -> None:
-        await run_async(conn, verification_store.follow_messages(
-            self.dialect, changed, now=now, actor=actor))
+    async def _follow(
+        self, conn: AsyncConnection, changed: list[Changed], now: datetime, actor: str
+    ) -> None:
+        await run_async(
+            conn, verification_store.follow_messages(self.dialect, changed, now=now, actor=actor)
+        )
 
-    async def requeue(self, *, message_ids: list[uuid.UUID] | None = None,
-                      where: Filter | None = None, now: datetime, actor: str) -> list[Changed]:
+    async def requeue(
+        self,
+        *,
+        message_ids: list[uuid.UUID] | None = None,
+        where: Filter | None = None,
+        now: datetime,
+        actor: str,
+    ) -> list[Changed]:
         """Send unknown or dead messages again: by id, or every one a filter matches."""
         if message_ids is None and where is None:
             raise ValueError("requeue needs ids or a filter")
-        condition = om.c.id.in_(message_ids) if message_ids is not None else (
-            where or Filter()).where()
+        condition = (
+            om.c.id.in_(message_ids) if message_ids is not None else (where or Filter()).where()
+        )
         async with self.engine.begin() as conn:
-            changed = await run_async(conn, store.requeue(
-                self.dialect, where=condition, now=now, actor=actor,
-                extra_attempts=self.default_attempts, limit=BULK_LIMIT))
+            changed = await run_async(
+                conn,
+                store.requeue(
+                    self.dialect,
+                    where=condition,
+                    now=now,
+                    actor=actor,
+                    extra_attempts=self.default_attempts,
+                    limit=BULK_LIMIT,
+                ),
+            )
             await self._follow(conn, changed, now, actor)
         return changed
 
-    async def cancel(self, *, message_id: uuid.UUID, now: datetime, actor: str,
-                     tenant_id: str | None = None) -> Changed:
+    async def cancel(
+        self, *, message_id: uuid.UUID, now: datetime, actor: str, tenant_id: str | None = None
+    ) -> Changed:
         condition = om.c.id == message_id
         if tenant_id is not None:
             condition = and_(condition, om.c.tenant_id == tenant_id)
         async with self.engine.begin() as conn:
-            changed = await run_async(conn, store.cancel(self.dialect, where=condition,
-                                                         now=now, actor=actor))
+            changed = await run_async(
+                conn, store.cancel(self.dialect, where=condition, now=now, actor=actor)
+            )
         if not changed:
             raise NotAllowed("only pending messages can be cancelled")
         return changed[0]
 
-    async def resolve(self, *, message_id: uuid.UUID, sent: bool, evidence: str,
-                      now: datetime, actor: str, provider_message_id: str | None = None
-                      ) -> Changed:
+    async def resolve(
+        self,
+        *,
+        message_id: uuid.UUID,
+        sent: bool,
+        evidence: str,
+        now: datetime,
+        actor: str,
+        provider_message_id: str | None = None,
+    ) -> Changed:
         """Settle an unknown message from evidence an operator (or the reconciler) has."""
         if not evidence.strip():
             raise ValueError("say what the evidence is")
         async with self.engine.begin() as conn:
-            changed = await run_async(conn, store.resolve(
-                self.dialect, message_id=message_id, sent=sent, now=now, actor=actor,
-                evidence=evidence, provider_message_id=provider_message_id))
+            changed = await run_async(
+                conn,
+                store.resolve(
+                    self.dialect,
+                    message_id=message_id,
+                    sent=sent,
+                    now=now,
+                    actor=actor,
+                    evidence=evidence,
+                    provider_message_id=provider_message_id,
+                ),
+            )
             await self._follow(conn, changed, now, actor)
         if not changed:
             raise NotAllowed("only unknown messages can be resolved")
@@ -153,32 +188,58 @@ class Operations:
             provider_events = await run_async(conn, event_store.for_message(message))
         return message, history, provider_events
 
-    async def messages(self, where: Filter, *, limit: int, before: uuid.UUID | None
-                       ) -> tuple[list[Any], bool]:
+    async def messages(
+        self, where: Filter, *, limit: int, before: uuid.UUID | None
+    ) -> tuple[list[Any], bool]:
         async with self.engine.connect() as conn:
-            return await run_async(conn, store.page(
-                tenant_id=where.tenant_id, status=where.status, to=where.to,
-                template=where.template, before=before, limit=limit,
-                created_from=where.created_from, created_to=where.created_to))
+            return await run_async(
+                conn,
+                store.page(
+                    tenant_id=where.tenant_id,
+                    status=where.status,
+                    to=where.to,
+                    template=where.template,
+                    before=before,
+                    limit=limit,
+                    created_from=where.created_from,
+                    created_to=where.created_to,
+                ),
+            )
 
-    async def suppress(self, *, tenant_id: str, email: str, now: datetime,
-                       reason: str = "manual", detail: str | None = None) -> bool:
+    async def suppress(
+        self,
+        *,
+        tenant_id: str,
+        email: str,
+        now: datetime,
+        reason: str = "manual",
+        detail: str | None = None,
+    ) -> bool:
         address = normalize_address(email)
         async with self.engine.begin() as conn:
-            return await run_async(conn, suppression_store.add(
-                self.dialect, tenant_id=tenant_id, email=address, reason=reason, now=now,
-                detail=detail))
+            return await run_async(
+                conn,
+                suppression_store.add(
+                    self.dialect,
+                    tenant_id=tenant_id,
+                    email=address,
+                    reason=reason,
+                    now=now,
+                    detail=detail,
+                ),
+            )
 
     async def unsuppress(self, *, tenant_id: str, email: str) -> bool:
         async with self.engine.begin() as conn:
-            return await run_async(conn, suppression_store.remove(tenant_id=tenant_id,
-                                                                  email=email))
+            return await run_async(conn, suppression_store.remove(tenant_id=tenant_id, email=email))
 
-    async def suppressions(self, *, tenant_id: str | None = None, limit: int = 100,
-                           offset: int = 0) -> list[suppression_store.Suppression]:
+    async def suppressions(
+        self, *, tenant_id: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[suppression_store.Suppression]:
         async with self.engine.connect() as conn:
-            return await run_async(conn, suppression_store.listing(
-                tenant_id=tenant_id, limit=limit, offset=offset))
+            return await run_async(
+                conn, suppression_store.listing(tenant_id=tenant_id, limit=limit, offset=offset)
+            )
 
     async def health(self, now: datetime) -> Health:
         async with self.engine.connect() as conn:
@@ -192,13 +253,19 @@ async def health(conn: AsyncConnection, now: datetime) -> Health:
     unknown = await run_async(conn, stats.oldest_unknown())
     return Health(
         counts={s.value: counts.get(s.value, 0) for s in Status},
-        oldest_due_age_seconds=max(0.0, (now - oldest_due).total_seconds())
-        if oldest_due else None,
+        oldest_due_age_seconds=max(0.0, (now - oldest_due).total_seconds()) if oldest_due else None,
         sent_per_5_minutes=await run_async(conn, stats.sent_per_bucket(now)),
         attempts_last_hour=await run_async(conn, stats.attempt_endings(now - timedelta(hours=1))),
-        unknown_oldest=[{"id": str(r.id), "tenant_id": r.tenant_id, "to": r.to_address,
-                         "since": r.updated_at.isoformat(), "claimed_by": r.claimed_by}
-                        for r in unknown],
+        unknown_oldest=[
+            {
+                "id": str(r.id),
+                "tenant_id": r.tenant_id,
+                "to": r.to_address,
+                "since": r.updated_at.isoformat(),
+                "claimed_by": r.claimed_by,
+            }
+            for r in unknown
+        ],
         unmatched_provider_events=await run_async(conn, event_store.unmatched_count()),
         suppressions=await run_async(conn, suppression_store.count()),
     )

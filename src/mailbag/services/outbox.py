@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from mailbag import wakeup
+from mailbag import metrics, wakeup
 from mailbag.clock import utcnow
 from mailbag.domain.message import NewMessage, new_message
 from mailbag.domain.policy import RetryPolicy
@@ -34,6 +34,12 @@ DEFAULT_MAX_ATTEMPTS = RetryPolicy().max_attempts
 def _dialect(conn: Connection | AsyncConnection) -> Dialect:
     # Whatever driver the caller's engine uses, the SQL only depends on the database.
     return dialect_of(f"{conn.dialect.name}://")
+
+
+def _count(results: Sequence[Enqueued]) -> None:
+    for result in results:
+        if result.created:
+            metrics.ENQUEUED.labels(result.message.template_name).inc()
 
 
 def enqueue_many(
@@ -52,6 +58,7 @@ def enqueue_many(
         actor=actor,
     )
     results = run(conn, plan)
+    _count(results)
     if any(r.created for r in results):
         wakeup.notify_after_commit(conn)
     return results
@@ -73,6 +80,7 @@ async def enqueue_many_async(
         actor=actor,
     )
     results = await run_async(conn, plan)
+    _count(results)
     if any(r.created for r in results):
         wakeup.notify_after_commit(conn.sync_connection)  # type: ignore[arg-type]
     return results

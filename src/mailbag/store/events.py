@@ -48,27 +48,36 @@ def match(event: ProviderEvent) -> Plan[Message | None]:
         if found is not None:
             return found
     if event.provider_message_id:
-        row = (yield Step(select(om).where(
-            om.c.provider_message_id == event.provider_message_id).limit(1))).first()
+        row = (
+            yield Step(
+                select(om).where(om.c.provider_message_id == event.provider_message_id).limit(1)
+            )
+        ).first()
         if row is not None:
             return outbox_store.message_from_row(row)
     return None
 
 
-def store(event: ProviderEvent, *, message: Message | None, now: datetime
-          ) -> Plan[StoredEvent | None]:
+def store(
+    event: ProviderEvent, *, message: Message | None, now: datetime
+) -> Plan[StoredEvent | None]:
     """Keep the event (raw payload too); None if it was stored before (a resend)."""
     seen = (yield Step(select(pe.c.id).where(pe.c.dedup_key == event.dedup_key))).first()
     if seen is not None:
         return None
     values = {
-        "provider": event.provider, "dedup_key": event.dedup_key, "kind": event.kind.value,
+        "provider": event.provider,
+        "dedup_key": event.dedup_key,
+        "kind": event.kind.value,
         "bounce_type": event.bounce_type.value if event.bounce_type else None,
-        "provider_event": event.provider_event[:50], "occurred_at": event.occurred_at,
-        "received_at": now, "provider_message_id": (event.provider_message_id or None),
+        "provider_event": event.provider_event[:50],
+        "occurred_at": event.occurred_at,
+        "received_at": now,
+        "provider_message_id": (event.provider_message_id or None),
         "message_id": message.id if message else None,
         "tenant_id": message.tenant_id if message else None,
-        "recipient": event.recipient, "detail": (event.detail or "")[:2000] or None,
+        "recipient": event.recipient,
+        "detail": (event.detail or "")[:2000] or None,
         "raw": dict(event.raw),
     }
     result = yield Step(insert(pe).values(values))
@@ -80,8 +89,9 @@ def for_message(message: Message) -> Plan[list[StoredEvent]]:
     conditions = [pe.c.message_id == message.id]
     if message.provider_message_id:
         conditions.append(pe.c.provider_message_id == message.provider_message_id)
-    rows = (yield Step(select(pe).where(or_(*conditions)).order_by(pe.c.occurred_at,
-                                                                     pe.c.id))).all()
+    rows = (
+        yield Step(select(pe).where(or_(*conditions)).order_by(pe.c.occurred_at, pe.c.id))
+    ).all()
     return [_stored(row._mapping) for row in rows]
 
 

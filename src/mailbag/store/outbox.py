@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,6 +24,7 @@ from sqlalchemy import (
     and_,
     case,
     delete,
+    exists,
     func,
     insert,
     literal,
@@ -156,23 +157,30 @@ def _transition(
     )
     changed = [Changed(message_from_row(row), Status(previous)) for row, previous in updated]
     if changed:
-        yield Step(
-            insert(message_events),
-            [
-                _event(
-                    c.message.id,
-                    c.from_status,
-                    c.message.status,
-                    now,
-                    actor,
-                    event_attempt(c.message),
-                    c.message.provider_message_id,
-                    event_detail(c.message),
-                )
-                for c in changed
-            ],
+        yield from _append_events(
+            _event(
+                c.message.id,
+                c.from_status,
+                c.message.status,
+                now,
+                actor,
+                event_attempt(c.message),
+                c.message.provider_message_id,
+                event_detail(c.message),
+            )
+            for c in changed
         )
     return changed
+
+
+EVENTS_PER_STATEMENT = 1000  # 8 parameters each: well inside every driver's limit
+
+
+def _append_events(rows: Iterable[dict[str, Any]]) -> Plan[None]:
+    """One multi-row INSERT per chunk: a single statement and round trip, not one per row."""
+    pending = list(rows)
+    for start in range(0, len(pending), EVENTS_PER_STATEMENT):
+        yield Step(insert(message_events).values(pending[start : start + EVENTS_PER_STATEMENT]))
 
 
 def _event(
@@ -269,9 +277,8 @@ def enqueue(
             seen.add(result.message.id)
             created.append(result.message)
     if created:
-        yield Step(
-            insert(message_events),
-            [_event(m.id, None, m.status, now, actor, 0, None, m.last_error) for m in created],
+        yield from _append_events(
+            _event(m.id, None, m.status, now, actor, 0, None, m.last_error) for m in created
         )
         if dialect == "postgresql":
             # Delivered at commit, so idle workers wake exactly when the rows become visible.
@@ -582,6 +589,51 @@ def resolve(
             event_detail=lambda m: evidence,
         )
     )
+
+
+def flag(
+    dialect: Dialect, *, message_id: uuid.UUID, now: datetime, actor: str, detail: str
+) -> Plan[list[Changed]]:
+    """Mark an unknown message as waiting for an operator, once per stay in `unknown`.
+
+    Not a change of state (unknown stays unknown) but an event the console and alerts can
+    see; a message flagged since it last changed is not flagged again."""
+    flagged_since_last_change = exists().where(
+        message_events.c.message_id == om.c.id,
+        message_events.c.from_status == Status.UNKNOWN.value,
+        message_events.c.to_status == Status.UNKNOWN.value,
+        message_events.c.at >= om.c.updated_at,
+    )
+    return (
+        yield from _transition(
+            dialect,
+            Action.FLAG,
+            where=and_(om.c.id == message_id, ~flagged_since_last_change),
+            values={},
+            now=now,
+            actor=actor,
+            event_detail=lambda m: detail,
+        )
+    )
+
+
+def expired_before(message_ids: Sequence[uuid.UUID]) -> Plan[set[uuid.UUID]]:
+    """Which of these messages had a lease expire more than once (the alert's signal)."""
+    if not message_ids:
+        return set()
+    query = (
+        select(message_events.c.message_id)
+        .where(
+            message_events.c.message_id.in_(message_ids),
+            message_events.c.from_status == Status.PROCESSING.value,
+            message_events.c.to_status == Status.UNKNOWN.value,
+            message_events.c.actor != "reconciler",
+            message_events.c.detail.like("lease of %"),
+        )
+        .group_by(message_events.c.message_id)
+        .having(func.count() > 1)
+    )
+    return set((yield Step(query)).scalars().all())
 
 
 def purge(dialect: Dialect, *, older_than: datetime, limit: int = 1000) -> Plan[int]:

@@ -16,37 +16,46 @@ from mailbag.store.schema import outbox_messages as om
 def oldest_due(now: datetime) -> Plan[datetime | None]:
     """When the longest-waiting claimable message became due (None: nothing is waiting)."""
     query = select(func.min(om.c.next_attempt_at)).where(
-        om.c.status.in_([s.value for s in CLAIMABLE]), om.c.next_attempt_at <= now)
+        om.c.status.in_([s.value for s in CLAIMABLE]), om.c.next_attempt_at <= now
+    )
     value = (yield Step(query)).scalar_one()
     if isinstance(value, str):  # SQLite hands min() of a datetime back as text
         value = datetime.fromisoformat(value).replace(tzinfo=now.tzinfo)
     return value  # type: ignore[no-any-return]
 
 
-def sent_per_bucket(now: datetime, *, buckets: int = 12, width: timedelta = timedelta(minutes=5)
-                    ) -> Plan[list[int]]:
+def sent_per_bucket(
+    now: datetime, *, buckets: int = 12, width: timedelta = timedelta(minutes=5)
+) -> Plan[list[int]]:
     """Messages sent per time bucket, oldest first; each a range count on (to_status, at)."""
     start = now - buckets * width
     counts = []
     for i in range(buckets):
         low = start + i * width
-        query = select(func.count()).select_from(me).where(
-            me.c.to_status == Status.SENT.value, me.c.at >= low, me.c.at < low + width)
+        query = (
+            select(func.count())
+            .select_from(me)
+            .where(me.c.to_status == Status.SENT.value, me.c.at >= low, me.c.at < low + width)
+        )
         counts.append(int((yield Step(query)).scalar_one()))
     return counts
 
 
 def attempt_endings(since: datetime) -> Plan[dict[str, int]]:
     """How attempts ended since a time: sent, retrying, failed, dead, unknown, released."""
-    query = (select(me.c.to_status, func.count().label("n"))
-             .where(me.c.from_status == Status.PROCESSING.value, me.c.at >= since)
-             .group_by(me.c.to_status))
+    query = (
+        select(me.c.to_status, func.count().label("n"))
+        .where(me.c.from_status == Status.PROCESSING.value, me.c.at >= since)
+        .group_by(me.c.to_status)
+    )
     return {row.to_status: int(row.n) for row in (yield Step(query)).all()}
 
 
 def oldest_unknown(limit: int = 10) -> Plan[list[Row[Any]]]:
-    query = (select(om.c.id, om.c.tenant_id, om.c.to_address, om.c.updated_at,
-                    om.c.claimed_by)
-             .where(om.c.status == Status.UNKNOWN.value).order_by(om.c.updated_at)
-             .limit(limit))
+    query = (
+        select(om.c.id, om.c.tenant_id, om.c.to_address, om.c.updated_at, om.c.claimed_by)
+        .where(om.c.status == Status.UNKNOWN.value)
+        .order_by(om.c.updated_at)
+        .limit(limit)
+    )
     return list((yield Step(query)).all())

@@ -28,17 +28,35 @@ def _suppression(row: Any) -> Suppression:
     return Suppression(row.id, row.tenant_id, row.email, row.reason, row.detail, row.created_at)
 
 
-def add(dialect: Dialect, *, tenant_id: str, email: str, reason: str, now: datetime,
-        detail: str | None = None, source_event_id: int | None = None) -> Plan[bool]:
+def add(
+    dialect: Dialect,
+    *,
+    tenant_id: str,
+    email: str,
+    reason: str,
+    now: datetime,
+    detail: str | None = None,
+    source_event_id: int | None = None,
+) -> Plan[bool]:
     """Suppress an address; False if it already was (the first reason is kept)."""
     email = email.lower()
-    existing = (yield Step(select(suppressions.c.id).where(
-        suppressions.c.tenant_id == tenant_id, suppressions.c.email == email))).first()
+    existing = (
+        yield Step(
+            select(suppressions.c.id).where(
+                suppressions.c.tenant_id == tenant_id, suppressions.c.email == email
+            )
+        )
+    ).first()
     if existing is not None:
         return False
-    values = {"tenant_id": tenant_id, "email": email, "reason": reason,
-              "detail": (detail or "")[:2000] or None, "source_event_id": source_event_id,
-              "created_at": now}
+    values = {
+        "tenant_id": tenant_id,
+        "email": email,
+        "reason": reason,
+        "detail": (detail or "")[:2000] or None,
+        "source_event_id": source_event_id,
+        "created_at": now,
+    }
     yield Step(_insert_ignoring_duplicates(dialect).values(values))
     return True
 
@@ -59,15 +77,20 @@ def _insert_ignoring_duplicates(dialect: Dialect) -> Any:
 
 
 def remove(*, tenant_id: str, email: str) -> Plan[bool]:
-    result = yield Step(delete(suppressions).where(
-        suppressions.c.tenant_id == tenant_id, suppressions.c.email == email.lower()))
+    result = yield Step(
+        delete(suppressions).where(
+            suppressions.c.tenant_id == tenant_id, suppressions.c.email == email.lower()
+        )
+    )
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-def listing(*, tenant_id: str | None = None, limit: int = 100, offset: int = 0
-            ) -> Plan[list[Suppression]]:
-    query = select(suppressions).order_by(suppressions.c.created_at.desc(),
-                                          suppressions.c.id.desc())
+def listing(
+    *, tenant_id: str | None = None, limit: int = 100, offset: int = 0
+) -> Plan[list[Suppression]]:
+    query = select(suppressions).order_by(
+        suppressions.c.created_at.desc(), suppressions.c.id.desc()
+    )
     if tenant_id is not None:
         query = query.where(suppressions.c.tenant_id == tenant_id)
     rows = (yield Step(query.limit(limit).offset(offset))).all()
@@ -85,6 +108,11 @@ def among(pairs: Iterable[tuple[str, str]]) -> Plan[frozenset[tuple[str, str]]]:
         return frozenset()
     tenants = {tenant for tenant, _ in wanted}
     emails = {email for _, email in wanted}
-    rows = (yield Step(select(suppressions.c.tenant_id, suppressions.c.email).where(
-        suppressions.c.tenant_id.in_(tenants), suppressions.c.email.in_(emails)))).all()
+    rows = (
+        yield Step(
+            select(suppressions.c.tenant_id, suppressions.c.email).where(
+                suppressions.c.tenant_id.in_(tenants), suppressions.c.email.in_(emails)
+            )
+        )
+    ).all()
     return frozenset((row.tenant_id, row.email) for row in rows) & wanted

@@ -39,11 +39,11 @@ def upgrade() -> None:
         mysql_engine="InnoDB",
         mysql_charset="utf8mb4",
     )
-    op.create_index("ix_provider_events_dedup_key", "provider_events", ["dedup_key"],
-                    unique=True)
+    op.create_index("ix_provider_events_dedup_key", "provider_events", ["dedup_key"], unique=True)
     op.create_index("ix_provider_events_message_id", "provider_events", ["message_id"])
-    op.create_index("ix_provider_events_provider_message_id", "provider_events",
-                    ["provider_message_id"])
+    op.create_index(
+        "ix_provider_events_provider_message_id", "provider_events", ["provider_message_id"]
+    )
     op.create_index("ix_provider_events_received_at", "provider_events", ["received_at"])
 
     op.create_table(
@@ -59,8 +59,9 @@ def upgrade() -> None:
         mysql_engine="InnoDB",
         mysql_charset="utf8mb4",
     )
-    op.create_index("ix_suppressions_tenant_id_email", "suppressions", ["tenant_id", "email"],
-                    unique=True)
+    op.create_index(
+        "ix_suppressions_tenant_id_email", "suppressions", ["tenant_id", "email"], unique=True
+    )
 
 
 def downgrade() -> None:

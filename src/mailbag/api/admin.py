@@ -1,0 +1,217 @@
+"""`/v1/admin/...`: the console's actions for scripts, with `Authorization: Bearer <ADMIN_TOKEN>`.
+
+Off (404) unless ADMIN_TOKEN is set. Actions are recorded with the actor `operator:api`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.security import HTTPAuthorizationCredentials
+from pydantic import BaseModel, ConfigDict, Field
+
+from mailbag.api.deps import NowDep, ServicesDep, bearer
+from mailbag.api.problems import COMMON, ProblemError, documented
+from mailbag.domain.message import InvalidMessage
+from mailbag.domain.states import Status
+from mailbag.services.messages import decode_cursor, encode_cursor, public
+from mailbag.services.operations import Filter, NotAllowed
+from mailbag.services.reconciliation import Reconciler
+
+ACTOR = "operator:api"
+
+
+async def admin(
+    svc: ServicesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> None:
+    token = svc.settings.admin_token
+    if token is None:
+        raise ProblemError(404, "not-found", "Not found", "the admin API is not enabled")
+    offered = credentials.credentials if credentials else ""
+    if not hmac.compare_digest(offered.encode(), token.get_secret_value().encode()):
+        raise ProblemError(
+            401,
+            "unauthorized",
+            "Unauthorized",
+            "send the admin token",
+            headers={"WWW-Authenticate": 'Bearer realm="mailbag admin"'},
+        )
+
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(admin)])
+RESPONSES = documented(*COMMON, 404)
+ACTION_RESPONSES = documented(*COMMON, 404, 409)
+
+
+class Resolution(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sent: bool = Field(description="True: the provider accepted it; false: it did not.")
+    evidence: str = Field(min_length=1, max_length=2000, description="What shows it.")
+    provider_message_id: str | None = Field(None, max_length=255)
+
+
+class BulkRequeue(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status: Status = Status.UNKNOWN
+    tenant_id: str | None = Field(None, max_length=100)
+    to: str | None = Field(None, max_length=255)
+    template: str | None = Field(None, max_length=100)
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+
+
+class SuppressionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant_id: str = Field(min_length=1, max_length=100)
+    email: str = Field(max_length=255)
+    detail: str | None = Field(None, max_length=2000)
+
+
+def _single(changed: Any) -> dict[str, Any]:
+    return public(changed.message)
+
+
+@router.get("/stats", responses=RESPONSES)
+async def stats(svc: ServicesDep, now: NowDep) -> dict[str, Any]:
+    """Counts by state, the oldest due message's age, sends per 5 minutes, error rate."""
+    return (await svc.operations.health(now)).as_dict()
+
+
+@router.get("/messages", responses=RESPONSES)
+async def messages(
+    svc: ServicesDep,
+    status: Status | None = None,
+    tenant_id: Annotated[str | None, Query(max_length=100)] = None,
+    to: Annotated[str | None, Query(max_length=255)] = None,
+    template: Annotated[str | None, Query(max_length=100)] = None,
+    created_from: datetime | None = None,
+    created_to: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 50,
+    cursor: Annotated[str | None, Query(max_length=100)] = None,
+) -> dict[str, Any]:
+    """Messages of every tenant, newest first, filtered."""
+    where = Filter(status, tenant_id, to, template, created_from, created_to)
+    before = decode_cursor(cursor) if cursor else None
+    found, more = await svc.operations.messages(where, limit=limit, before=before)
+    return {
+        "items": [public(m) for m in found],
+        "next_cursor": encode_cursor(found[-1].id) if more and found else None,
+    }
+
+
+@router.get("/messages/{message_id}", responses=RESPONSES)
+async def message(message_id: uuid.UUID, svc: ServicesDep) -> dict[str, Any]:
+    """A message with its transitions and the provider events matched to it."""
+    found = await svc.operations.message(message_id)
+    if found is None:
+        raise ProblemError(404, "not-found", "Not found", "no such message")
+    row, history, provider_events = found
+    body = public(row, history)
+    body["tenant_id"] = row.tenant_id
+    body["provider_events"] = [
+        {
+            "provider": e.provider,
+            "kind": e.kind,
+            "bounce_type": e.bounce_type,
+            "occurred_at": e.occurred_at.isoformat(),
+            "detail": e.detail,
+            "provider_message_id": e.provider_message_id,
+        }
+        for e in provider_events
+    ]
+    return body
+
+
+@router.post("/messages/{message_id}/requeue", responses=ACTION_RESPONSES)
+async def requeue(message_id: uuid.UUID, svc: ServicesDep, now: NowDep) -> dict[str, Any]:
+    """Send an unknown or dead message again."""
+    changed = await svc.operations.requeue(message_ids=[message_id], now=now, actor=ACTOR)
+    if not changed:
+        raise NotAllowed("only unknown or dead messages can be requeued")
+    return _single(changed[0])
+
+
+@router.post("/messages/{message_id}/cancel", responses=ACTION_RESPONSES)
+async def cancel(message_id: uuid.UUID, svc: ServicesDep, now: NowDep) -> dict[str, Any]:
+    return _single(await svc.operations.cancel(message_id=message_id, now=now, actor=ACTOR))
+
+
+@router.post("/messages/{message_id}/resolve", responses=ACTION_RESPONSES)
+async def resolve(
+    message_id: uuid.UUID, body: Resolution, svc: ServicesDep, now: NowDep
+) -> dict[str, Any]:
+    """Mark an unknown message as sent or failed, from evidence."""
+    return _single(
+        await svc.operations.resolve(
+            message_id=message_id,
+            sent=body.sent,
+            evidence=body.evidence,
+            now=now,
+            actor=ACTOR,
+            provider_message_id=body.provider_message_id,
+        )
+    )
+
+
+@router.post("/requeue", responses=RESPONSES)
+async def bulk_requeue(body: BulkRequeue, svc: ServicesDep, now: NowDep) -> dict[str, int]:
+    """Requeue every unknown (or dead) message a filter matches."""
+    if body.status not in (Status.UNKNOWN, Status.DEAD):
+        raise InvalidMessage({"status": "only unknown or dead messages can be requeued"})
+    where = Filter(
+        body.status, body.tenant_id, body.to, body.template, body.created_from, body.created_to
+    )
+    changed = await svc.operations.requeue(where=where, now=now, actor=ACTOR)
+    return {"requeued": len(changed)}
+
+
+@router.post("/reconcile", responses=RESPONSES)
+async def reconcile(svc: ServicesDep, now: NowDep) -> dict[str, int]:
+    """Look for evidence about every unknown message now (the worker does this regularly)."""
+    reconciler = Reconciler(svc.engine, svc.operations.dialect)
+    return dict(await reconciler.run_once(now))
+
+
+@router.get("/suppressions", responses=RESPONSES)
+async def suppressions(
+    svc: ServicesDep,
+    tenant_id: Annotated[str | None, Query(max_length=100)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[dict[str, Any]]:
+    found = await svc.operations.suppressions(tenant_id=tenant_id, limit=limit, offset=offset)
+    return [
+        {
+            "tenant_id": s.tenant_id,
+            "email": s.email,
+            "reason": s.reason,
+            "detail": s.detail,
+            "created_at": s.created_at.isoformat(),
+        }
+        for s in found
+    ]
+
+
+@router.post("/suppressions", status_code=201, responses=RESPONSES)
+async def add_suppression(body: SuppressionIn, svc: ServicesDep, now: NowDep) -> dict[str, bool]:
+    try:
+        added = await svc.operations.suppress(
+            tenant_id=body.tenant_id, email=body.email, now=now, detail=body.detail
+        )
+    except ValueError as exc:
+        raise InvalidMessage({"email": str(exc)}) from None
+    return {"added": added}
+
+
+@router.delete("/suppressions/{tenant_id}/{email}", responses=RESPONSES)
+async def remove_suppression(tenant_id: str, email: str, svc: ServicesDep) -> dict[str, bool]:
+    if not await svc.operations.unsuppress(tenant_id=tenant_id, email=email):
+        raise ProblemError(404, "not-found", "Not found", "no such suppression")
+    return {"removed": True}

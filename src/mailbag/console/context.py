@@ -1,0 +1,71 @@
+"""What every console handler gets: the request, the operator's session, the posted form."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from mailbag.api.deps import Services
+from mailbag.console import auth, render
+
+ACTOR = "operator:console"  # the actor of every audit event an action writes
+
+
+class ConsoleError(Exception):
+    """Shown to the operator as a page with this status; nothing was changed."""
+
+    def __init__(self, status: int, title: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.title, self.detail = status, title, detail
+
+
+@dataclass(frozen=True)
+class Console:
+    request: Request
+    gate: auth.Gate
+    session: auth.Session
+    form: Mapping[str, str]  # the POSTed fields, CSRF already checked; empty on GET
+
+    @property
+    def services(self) -> Services:
+        found: Services = self.request.app.state.services
+        return found
+
+    def now(self) -> datetime:
+        return self.services.clock()
+
+    @property
+    def confirmed(self) -> bool:
+        """The second POST of an action: the operator pressed the confirm button."""
+        return self.form.get("confirm") == "yes"
+
+    def page(self, template: str, *, status: int = 200, **context: Any) -> Response:
+        flash = self.gate.read_flash(self.request)
+        response = render.html(
+            template,
+            status=status,
+            csrf=self.session.csrf,
+            flash=flash,
+            path=self.request.url.path,
+            **context,
+        )
+        if auth.FLASH_COOKIE in self.request.cookies:
+            auth.forget_flash(response)
+        return response
+
+    def error(self, exc: ConsoleError) -> Response:
+        return self.page("error.html", status=exc.status, title=exc.title, detail=exc.detail)
+
+    def redirect(self, url: str, *, flash: str | None = None) -> Response:
+        response = RedirectResponse(url, status_code=303, headers=render.SECURITY_HEADERS)
+        if flash is not None:
+            self.gate.set_flash(self.request, response, flash)
+        return response
+
+
+Handler = Callable[[Console], Awaitable[Response]]

@@ -1,0 +1,77 @@
+"""HTML out: the Jinja2 environment (autoescaped), display filters and security headers."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from starlette.responses import HTMLResponse
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+# Nothing but this origin's forms and inline styles: a message preview (which inherits this
+# policy in its srcdoc frame) cannot run scripts or fetch tracking pixels.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def utc(value: datetime | str | None) -> str:
+    """Every time the console shows: ISO 8601 in UTC, to the second."""
+    if value is None or value == "":
+        return "—"
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    if moment.tzinfo is None:  # the store hands back UTC; a naive value is UTC too
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{days}d"] if days else []
+    if hours or days:
+        parts.append(f"{hours}h")
+    if not days:
+        parts.append(f"{minutes}m")
+    if not (days or hours):
+        parts.append(f"{secs}s")
+    return " ".join(parts)
+
+
+def percent(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{ratio * 100:.1f}%"
+
+
+def as_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+
+
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATES),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_env.filters.update(utc=utc, duration=duration, percent=percent, as_json=as_json)
+
+
+def html(template: str, *, status: int = 200, **context: Any) -> HTMLResponse:
+    body = _env.get_template(template).render(**context)
+    return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)

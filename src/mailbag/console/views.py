@@ -1,0 +1,112 @@
+"""The pages an operator reads: overview, message list, message detail, suppressions."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from starlette.responses import Response
+
+from mailbag.console.chart import sent_chart
+from mailbag.console.context import Console, ConsoleError
+from mailbag.console.forms import parse_filter, parse_id
+from mailbag.console.preview import preview, redacted_data
+from mailbag.domain.message import Message
+from mailbag.domain.states import Action, Status, sources
+
+PAGE_SIZE = 50
+SUPPRESSIONS_PAGE_SIZE = 100
+REQUEUEABLE = sources(Action.REQUEUE)  # unknown, dead
+CANCELLABLE = sources(Action.CANCEL)  # pending
+RESOLVABLE = sources(Action.RESOLVE_SENT)  # unknown
+
+
+def actions_for(status: str) -> dict[str, bool]:
+    """Which action forms the detail page offers: only those the state machine allows."""
+    return {
+        "requeue": status in REQUEUEABLE,
+        "cancel": status in CANCELLABLE,
+        "resolve": status in RESOLVABLE,
+    }
+
+
+async def overview(c: Console) -> Response:
+    health = await c.services.operations.health(c.now())
+    return c.page(
+        "overview.html",
+        health=health,
+        chart=sent_chart(health.sent_per_5_minutes),
+        states=[s.value for s in Status],
+    )
+
+
+async def messages(c: Console) -> Response:
+    form = parse_filter(c.request.query_params)
+    before_raw = c.request.query_params.get("before", "")
+    before = parse_id(before_raw) if before_raw else None
+    errors = dict(form.errors)
+    if before_raw and before is None:
+        errors["before"] = "not a message id"
+    found: list[Message] = []
+    more = False
+    if not errors:
+        found, more = await c.services.operations.messages(
+            form.filter, limit=PAGE_SIZE, before=before
+        )
+    return c.page(
+        "messages.html",
+        status=400 if errors else 200,
+        form=form,
+        errors=errors,
+        messages=found,
+        older=form.query(before=str(found[-1].id)) if more and found else None,
+        paged=before is not None,
+        states=[s.value for s in Status],
+        bulk_requeue=form.filter.status in REQUEUEABLE,
+    )
+
+
+async def load_message(c: Console) -> tuple[Message, list[Any], list[Any]]:
+    message_id = parse_id(c.request.path_params["message_id"])
+    found = await c.services.operations.message(message_id) if message_id else None
+    if found is None:
+        raise ConsoleError(404, "Not found", "There is no message with this id.")
+    return found
+
+
+async def message(c: Console) -> Response:
+    found, transitions, provider_events = await load_message(c)
+    return c.page(
+        "message.html",
+        message=found,
+        data=redacted_data(found),
+        preview=preview(found, c.services.catalog, c.services.settings, c.now()),
+        transitions=transitions,
+        provider_events=provider_events,
+        actions=actions_for(found.status),
+    )
+
+
+async def suppressions(c: Console) -> Response:
+    params = c.request.query_params
+    tenant = params.get("tenant", "").strip()
+    try:
+        offset = max(0, int(params.get("offset", "0")))
+    except ValueError:
+        offset = 0
+    # One more than a page tells whether a next page exists.
+    rows = await c.services.operations.suppressions(
+        tenant_id=tenant or None, limit=SUPPRESSIONS_PAGE_SIZE + 1, offset=offset
+    )
+    return c.page(
+        "suppressions.html",
+        tenant=tenant,
+        suppressions=rows[:SUPPRESSIONS_PAGE_SIZE],
+        offset=offset,
+        next_offset=offset + SUPPRESSIONS_PAGE_SIZE if len(rows) > SUPPRESSIONS_PAGE_SIZE else None,
+        page_size=SUPPRESSIONS_PAGE_SIZE,
+    )
+
+
+def message_url(message_id: uuid.UUID | str) -> str:
+    return f"/admin/messages/{message_id}"

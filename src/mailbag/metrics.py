@@ -1,0 +1,97 @@
+"""Prometheus metrics: what the alerts in deploy/prometheus-alerts.yml are written against.
+
+Counters and histograms count in the process that does the work (API or worker); the
+gauges about the whole outbox (messages by state, the oldest due message) are read from
+the database when /metrics is scraped.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ENQUEUED = Counter("mailbag_enqueued_total", "Messages put into the outbox.", ["template"])
+SENT = Counter("mailbag_sent_total", "Messages a provider accepted.", ["provider", "template"])
+FAILED = Counter("mailbag_failed_total", "Messages permanently rejected.", ["provider", "template"])
+DEAD = Counter(
+    "mailbag_dead_total", "Messages whose attempt budget ran out.", ["provider", "template"]
+)
+UNKNOWN = Counter(
+    "mailbag_unknown_total",
+    "Sends whose outcome is unknown (never resent).",
+    ["provider", "template"],
+)
+RETRIED = Counter(
+    "mailbag_retried_total", "Attempts that will be retried.", ["provider", "template"]
+)
+PROVIDER_SECONDS = Histogram(
+    "mailbag_provider_call_seconds",
+    "Time a provider call took.",
+    ["provider"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+PROVIDER_ERRORS = Counter(
+    "mailbag_provider_errors_total",
+    "Provider calls that did not accept.",
+    ["provider", "error_class"],
+)
+LEASE_EXPIRATIONS = Counter(
+    "mailbag_lease_expirations_total", "Claims whose lease expired (swept to unknown)."
+)
+LEASE_EXPIRED_AGAIN = Counter(
+    "mailbag_lease_expired_repeatedly_total",
+    "Lease expirations of a message whose lease had expired before.",
+)
+STALE_FINALIZES = Counter(
+    "mailbag_stale_finalizes_total",
+    "Finalizes refused because the claim was no longer the worker's.",
+)
+IDEMPOTENT_REPLAYS = Counter(
+    "mailbag_idempotent_replays_total",
+    "Requests answered from a stored idempotency record.",
+    ["operation"],
+)
+FINGERPRINT_CONFLICTS = Counter(
+    "mailbag_idempotency_conflicts_total",
+    "Idempotency keys reused for a different request.",
+    ["tenant"],
+)
+RECONCILIATIONS = Counter(
+    "mailbag_reconciliation_outcomes_total",
+    "What reconciliation concluded about unknown messages.",
+    ["outcome"],
+)
+PROVIDER_EVENTS = Counter(
+    "mailbag_provider_events_total", "Provider events received.", ["provider", "kind"]
+)
+UNMATCHED_EVENTS = Counter(
+    "mailbag_unmatched_provider_events_total",
+    "Provider events for a message id we never recorded.",
+    ["provider"],
+)
+CLAIM_BATCH = Histogram(
+    "mailbag_claim_batch_size",
+    "Messages per claim.",
+    buckets=(0, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000),
+)
+CLAIM_SECONDS = Histogram(
+    "mailbag_claim_seconds",
+    "Time one claim statement took.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+)
+MESSAGES = Gauge("mailbag_messages", "Messages by state (read at scrape).", ["state"])
+OLDEST_DUE_AGE = Gauge(
+    "mailbag_oldest_due_message_age_seconds",
+    "How long the longest-waiting due message has waited (read at scrape).",
+)
+UNMATCHED_STORED = Gauge(
+    "mailbag_unmatched_provider_events_stored",
+    "Stored provider events matched to no message (read at scrape).",
+)
+
+OUTCOME_COUNTERS = {
+    "sent": SENT,
+    "failed": FAILED,
+    "dead": DEAD,
+    "unknown": UNKNOWN,
+    "retrying": RETRIED,
+}

@@ -1,0 +1,224 @@
+"""Provider events in, ambiguity out.
+
+`ingest` stores webhook events (once each: providers resend), matches them to messages,
+suppresses addresses that hard-bounced or complained, and settles `unknown` messages the
+events speak for. `Reconciler` goes the other way round: for each `unknown` message it
+looks for evidence (stored events, then the provider's own lookup API where one exists);
+with none after a while it flags the message for an operator. Every conclusion is an
+event whose actor is `reconciler`. A message is never sent again to find out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol, runtime_checkable
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from mailbag import log, metrics
+from mailbag.compose import rfc_message_id
+from mailbag.domain.events import EventKind, ProviderEvent, kind_proves_acceptance, suppresses
+from mailbag.domain.message import Message
+from mailbag.domain.states import Status
+from mailbag.store import events as event_store
+from mailbag.store import outbox as store
+from mailbag.store import suppressions as suppression_store
+from mailbag.store import verifications as verification_store
+from mailbag.store.database import Dialect
+from mailbag.store.events import StoredEvent
+from mailbag.store.plan import run_async
+
+ACTOR = "reconciler"
+
+
+@runtime_checkable
+class FindsSent(Protocol):
+    """A provider that can say whether it has a record of sending a message."""
+
+    async def find_sent(self, message: Message, rfc_message_id: str) -> str | None:
+        """The provider's message id if it sent this message, else None."""
+        ...
+
+
+@dataclass
+class Ingested:
+    stored: int = 0
+    duplicates: int = 0
+    unmatched: int = 0
+    resolved: int = 0
+    suppressed: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+def verdict(events: Sequence[StoredEvent | ProviderEvent]) -> tuple[bool, str, str | None] | None:
+    """What a message's events prove: (was it accepted, evidence, provider message id)."""
+    accepted = [e for e in events if kind_proves_acceptance(e.kind)]
+    rejected = [e for e in events if not kind_proves_acceptance(e.kind)]
+    if accepted:  # any sign the provider had it beats a later refusal to deliver
+        return True, _evidence("provider event", accepted[0]), accepted[0].provider_message_id
+    if rejected:
+        return (
+            False,
+            _evidence("provider rejected it:", rejected[0]),
+            rejected[0].provider_message_id,
+        )
+    return None
+
+
+def _evidence(what: str, event: StoredEvent | ProviderEvent) -> str:
+    text = f"{what} {EventKind(event.kind).value} at {event.occurred_at.isoformat()}"
+    return f"{text} ({event.detail})" if event.detail else text
+
+
+async def _settle(
+    conn: AsyncConnection,
+    dialect: Dialect,
+    message: Message,
+    accepted: bool,
+    evidence: str,
+    provider_message_id: str | None,
+    now: datetime,
+) -> bool:
+    changed = await run_async(
+        conn,
+        store.resolve(
+            dialect,
+            message_id=message.id,
+            sent=accepted,
+            now=now,
+            actor=ACTOR,
+            evidence=evidence,
+            provider_message_id=provider_message_id,
+        ),
+    )
+    await run_async(
+        conn, verification_store.follow_messages(dialect, changed, now=now, actor=ACTOR)
+    )
+    if changed:
+        metrics.RECONCILIATIONS.labels("resolved_sent" if accepted else "resolved_failed").inc()
+    return bool(changed)
+
+
+async def ingest(
+    engine: AsyncEngine, dialect: Dialect, events: Sequence[ProviderEvent], now: datetime
+) -> Ingested:
+    """Store, match and act on provider events, all in one transaction."""
+    report = Ingested()
+    logger = log.get("mailbag.events")
+    async with engine.begin() as conn:
+        for event in events:
+            metrics.PROVIDER_EVENTS.labels(event.provider, event.kind.value).inc()
+            message = await run_async(conn, event_store.match(event))
+            stored = await run_async(conn, event_store.store(event, message=message, now=now))
+            if stored is None:
+                report.duplicates += 1
+                continue
+            report.stored += 1
+            if message is None:
+                report.unmatched += 1
+                metrics.UNMATCHED_EVENTS.labels(event.provider).inc()
+                logger.warning(
+                    "provider_message_without_matching_transition",
+                    provider=event.provider,
+                    kind=event.kind.value,
+                    provider_message_id=event.provider_message_id,
+                )
+                continue
+            if suppresses(event) and await run_async(
+                conn,
+                suppression_store.add(
+                    dialect,
+                    tenant_id=message.tenant_id,
+                    email=message.to_address,
+                    reason="complaint" if event.kind is EventKind.COMPLAINED else "hard_bounce",
+                    detail=event.detail,
+                    source_event_id=stored.id,
+                    now=now,
+                ),
+            ):
+                report.suppressed += 1
+            found = verdict([event])
+            if (
+                message.status == Status.UNKNOWN
+                and found is not None
+                and await _settle(conn, dialect, message, *found, now)
+            ):
+                report.resolved += 1
+    return report
+
+
+class Reconciler:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        dialect: Dialect,
+        *,
+        provider: Any = None,
+        flag_after: timedelta = timedelta(hours=1),
+        batch: int = 100,
+    ) -> None:
+        self.engine, self.dialect, self.provider = engine, dialect, provider
+        self.flag_after, self.batch = flag_after, batch
+        self.log = log.get("mailbag.reconciler")
+
+    async def run_once(self, now: datetime, *, message_domain: str = "localhost") -> Counter[str]:
+        outcomes: Counter[str] = Counter()
+        async with self.engine.connect() as conn:
+            unknown, _ = await run_async(
+                conn, store.page(tenant_id=None, status=Status.UNKNOWN, limit=self.batch)
+            )
+        for message in unknown:
+            outcome = await self._reconcile(message, now, message_domain)
+            outcomes[outcome] += 1
+        return outcomes
+
+    async def _reconcile(self, message: Message, now: datetime, domain: str) -> str:
+        async with self.engine.begin() as conn:
+            found = verdict(await run_async(conn, event_store.for_message(message)))
+            if found is not None:
+                settled = await _settle(conn, self.dialect, message, *found, now)
+                return ("resolved_sent" if found[0] else "resolved_failed") if settled else "gone"
+        if isinstance(self.provider, FindsSent):
+            try:
+                provider_id = await self.provider.find_sent(
+                    message, rfc_message_id(message.id, domain)
+                )
+            except Exception as exc:  # a lookup failure is no evidence either way
+                self.log.warning(
+                    "provider_lookup_failed", message_id=str(message.id), error=type(exc).__name__
+                )
+                provider_id = None
+            if provider_id is not None:
+                async with self.engine.begin() as conn:
+                    settled = await _settle(
+                        conn,
+                        self.dialect,
+                        message,
+                        True,
+                        f"provider lookup found {provider_id}",
+                        provider_id,
+                        now,
+                    )
+                return "resolved_sent" if settled else "gone"
+        if now - message.updated_at >= self.flag_after:
+            async with self.engine.begin() as conn:
+                flagged = await run_async(
+                    conn,
+                    store.flag(
+                        self.dialect,
+                        message_id=message.id,
+                        now=now,
+                        actor=ACTOR,
+                        detail=f"no evidence after {self.flag_after}; an operator has to decide",
+                    ),
+                )
+            if flagged:
+                metrics.RECONCILIATIONS.labels("flagged").inc()
+                self.log.warning("unknown_needs_operator", message_id=str(message.id))
+                return "flagged"
+        return "waiting"

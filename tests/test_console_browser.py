@@ -1,0 +1,156 @@
+"""The console in a real browser (Debian's Chromium driven by Playwright) over real HTTP.
+
+JavaScript is off in the browser: every page and action must work without it. A screenshot
+of each page lands in test-artifacts/console/ for a person to look at.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api_helpers import settings_for
+from mailbag.api import create_app
+from mailbag.domain.states import Action
+from mailbag.store.outbox import Finalization
+from servers import uvicorn_thread
+
+from helpers import claim, enqueue, finalize, get
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "console"
+PASSWORD = "browser test password"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+LAUNCH_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def finished(db: Any, action: Action, at: datetime, **fields: Any) -> Any:
+    (message,) = enqueue(db, 1, now=at, **fields)
+    batch = claim(db, now=at, limit=1)
+    assert [m.id for m in batch.messages] == [message.id]
+    error = None if action is Action.MARK_SENT else "timeout after DATA"
+    finalize(db, batch.token, Finalization(message.id, action, error=error), now=at)
+    return message
+
+
+@pytest.fixture
+def chromium() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        reason = f"{CHROMIUM} is missing: install Debian's chromium to run the console in a browser"
+        if IN_CI:
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    # An explicit executable: Playwright never downloads a browser of its own here.
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_an_operator_requeues_an_unknown_message_in_the_browser(db, chromium):
+    now = datetime.now(UTC)
+    for minutes in (50, 35, 20, 20, 5):
+        finished(
+            db, Action.MARK_SENT, now - timedelta(minutes=minutes), to=f"m{minutes}@example.com"
+        )
+    finished(db, Action.BURY, now - timedelta(minutes=15), to="dead@example.com")
+    unknown = finished(
+        db,
+        Action.MARK_UNKNOWN,
+        now - timedelta(minutes=10),
+        to="ada@example.com",
+        data={"name": "Ada"},
+    )
+    enqueue(db, 1, now=now, to="later@example.com", send_at=now + timedelta(hours=1))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    app = create_app(settings_for(db, admin_password=PASSWORD))
+    with uvicorn_thread(app) as base:
+        context = chromium.new_context(
+            java_script_enabled=False, viewport={"width": 1280, "height": 900}
+        )
+        page = context.new_page()
+        page.set_default_timeout(10_000)
+
+        def shot(name: str) -> None:
+            page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+        page.goto(f"{base}/admin")
+        assert page.url.startswith(f"{base}/admin/login")
+        shot("login")
+        page.fill("#password", "wrong")
+        page.click("button[type=submit]")
+        assert "Login failed." in page.inner_text("body")
+        page.fill("#password", PASSWORD)
+        page.click("button[type=submit]")
+        assert page.url == f"{base}/admin"
+        assert page.inner_text("h1") == "Overview"
+        assert page.locator("svg rect.bar").count() == 4  # 5 sends in 4 five-minute buckets
+        shot("overview")
+
+        page.click("nav >> text=Messages")
+        page.select_option("select[name=state]", "unknown")
+        page.click("form.filters button[type=submit]")
+        assert "state=unknown" in page.url
+        rows = page.locator("table tbody tr")
+        assert rows.count() == 1 and "ada@example.com" in rows.first.inner_text()
+        shot("messages")
+
+        page.click("text=ada@example.com")
+        assert page.url == f"{base}/admin/messages/{unknown.id}"
+        assert page.inner_text("#state") == "unknown"
+        preview = page.frame_locator("iframe.preview")
+        assert "Ada" in preview.locator("body").inner_text()
+        shot("detail")
+
+        page.click("button:has-text('Requeue…')")
+        assert "Requeue this message?" in page.inner_text("h1")
+        shot("confirmation")
+        page.click("button:has-text('Yes, requeue this message')")
+        assert page.url == f"{base}/admin/messages/{unknown.id}"
+        assert page.inner_text("#state") == "pending"
+        assert "Requeued: the message is pending again." in page.inner_text(".flash")
+        assert "operator:console" in page.inner_text("body")  # the audit event's actor
+
+        page.click("nav >> text=Suppressions")
+        page.fill("input[name=email]", "bounced@example.com")
+        page.click("button:has-text('Suppress…')")
+        page.click("button:has-text('Yes, suppress this address')")
+        assert "Suppressed bounced@example.com" in page.inner_text(".flash")
+        assert "bounced@example.com" in page.inner_text("table")
+        shot("suppressions")
+        context.close()
+
+        # With scripts on, nothing on the page breaks the console's own CSP.
+        context = chromium.new_context()
+        page = context.new_page()
+        problems: list[str] = []
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.goto(f"{base}/admin/login?next=/admin/messages/{unknown.id}")
+        page.fill("#password", PASSWORD)
+        page.click("button[type=submit]")
+        assert page.inner_text("#state") == "pending"
+        assert "Ada" in page.frame_locator("iframe.preview").locator("body").inner_text()
+        assert problems == []
+        context.close()
+
+    assert get(db, unknown.id).status == "pending"
+    for name in ("login", "overview", "messages", "detail", "confirmation", "suppressions"):
+        assert (ARTIFACTS / f"{name}.png").stat().st_size > 0
