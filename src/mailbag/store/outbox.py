@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Row,
+    String,
     and_,
     case,
     delete,
@@ -39,7 +40,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from mailbag.domain import states
 from mailbag.domain.ids import uuid7
-from mailbag.domain.message import Message, NewMessage, truncate_error
+from mailbag.domain.message import ERROR_MAX, Message, NewMessage, truncate_error
 from mailbag.domain.states import Action, Status
 from mailbag.store import suppressions as suppression_store
 from mailbag.store.database import Dialect
@@ -100,9 +101,49 @@ class Finalized:
 FINALIZE_ACTIONS = frozenset(
     {Action.MARK_SENT, Action.RETRY, Action.FAIL, Action.BURY, Action.MARK_UNKNOWN, Action.RELEASE}
 )
-_FINALIZE_DETAIL: dict[Action, Callable[[Message], str | None]] = {
-    Action.MARK_SENT: lambda m: None,
-    Action.RELEASE: lambda m: "released unsent; no attempt spent",
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """What a transition's `message_events` row says beyond from/to/at/actor, stated so that
+    it can be computed in Python or in SQL from the changed row (see `_transition`).
+
+    attempt = the row's attempt_count + `attempt_offset`; detail = `text`, or the row's
+    `column` between `prefix` and `suffix`.
+    """
+
+    attempt_offset: int = 0
+    text: str | None = None
+    column: str | None = None
+    prefix: str = ""
+    suffix: str = ""
+
+    def detail(self, message: Message) -> str | None:
+        if self.column is None:
+            return self.text
+        value = getattr(message, self.column)
+        if value is None:
+            return None if not self.prefix else f"{self.prefix}?{self.suffix}"
+        return f"{self.prefix}{value}{self.suffix}"
+
+    def detail_sql(self, row: Any) -> ColumnElement[Any]:
+        if self.column is None:
+            return literal(truncate_error(self.text), message_events.c.detail.type)
+        value = row.c[self.column]
+        if not self.prefix and not self.suffix:
+            return func.substr(value, 1, ERROR_MAX)
+        text = (
+            literal(self.prefix, String())
+            + func.coalesce(value, "?")
+            + literal(self.suffix, String())
+        )
+        return func.substr(text, 1, ERROR_MAX)
+
+
+LAST_ERROR = EventSpec(column="last_error")
+_FINALIZE_EVENTS: dict[Action, EventSpec] = {
+    Action.MARK_SENT: EventSpec(),
+    Action.RELEASE: EventSpec(attempt_offset=1, text="released unsent; no attempt spent"),
 }
 _CLAIM_CLEARED: dict[str, Any] = {
     "claim_token": None,
@@ -141,10 +182,39 @@ def _transition(
     order_by: Sequence[ColumnElement[Any]] = (),
     limit: int | None = None,
     skip_locked: bool = False,
-    event_attempt: Callable[[Message], int] = lambda m: m.attempt_count,
-    event_detail: Callable[[Message], str | None] = lambda m: None,
+    event: EventSpec = EventSpec(),
 ) -> Plan[list[Changed]]:
-    """Apply `values` to the rows matching `where` (and allowed by `action`), log the events."""
+    """Apply `values` to the rows matching `where` (and allowed by `action`), log the events.
+
+    On PostgreSQL the events are written by the same statement (a data-modifying CTE);
+    elsewhere by one executemany in the same transaction.
+    """
+    actor = actor[:200]
+
+    def log(updated: Any) -> Any:
+        return insert(message_events).from_select(
+            [
+                "message_id",
+                "from_status",
+                "to_status",
+                "at",
+                "actor",
+                "attempt",
+                "provider_message_id",
+                "detail",
+            ],
+            select(
+                updated.c.id,
+                updated.c.previous_state,
+                updated.c.status,
+                literal(now, message_events.c.at.type),
+                literal(actor, String()),
+                updated.c.attempt_count + event.attempt_offset,
+                updated.c.provider_message_id,
+                event.detail_sql(updated),
+            ),
+        )
+
     updated = yield from guarded_update(
         dialect,
         om,
@@ -154,9 +224,10 @@ def _transition(
         order_by=order_by,
         limit=limit,
         skip_locked=skip_locked,
+        log=log if dialect == "postgresql" else None,
     )
     changed = [Changed(message_from_row(row), Status(previous)) for row, previous in updated]
-    if changed:
+    if changed and dialect != "postgresql":
         yield from _append_events(
             _event(
                 c.message.id,
@@ -164,23 +235,24 @@ def _transition(
                 c.message.status,
                 now,
                 actor,
-                event_attempt(c.message),
+                c.message.attempt_count + event.attempt_offset,
                 c.message.provider_message_id,
-                event_detail(c.message),
+                event.detail(c.message),
             )
             for c in changed
         )
     return changed
 
 
-EVENTS_PER_STATEMENT = 1000  # 8 parameters each: well inside every driver's limit
+_INSERT_EVENTS = insert(message_events)
 
 
 def _append_events(rows: Iterable[dict[str, Any]]) -> Plan[None]:
-    """One multi-row INSERT per chunk: a single statement and round trip, not one per row."""
+    """One executemany of a cached INSERT: the driver sends the rows in a pipeline (psycopg)
+    or batches them; never a statement compiled anew for each batch."""
     pending = list(rows)
-    for start in range(0, len(pending), EVENTS_PER_STATEMENT):
-        yield Step(insert(message_events).values(pending[start : start + EVENTS_PER_STATEMENT]))
+    if pending:
+        yield Step(_INSERT_EVENTS, pending)
 
 
 def _event(
@@ -366,7 +438,7 @@ def claim(
         order_by=order,
         limit=limit,
         skip_locked=True,
-        event_attempt=lambda m: m.attempt,
+        event=EventSpec(attempt_offset=1),
     )
     claimed = sorted((c.message for c in changed), key=lambda m: (m.next_attempt_at, m.id))
     return Claim(token, claimed)
@@ -423,10 +495,8 @@ def finalize(
             values=values,
             now=now,
             actor=actor,
-            event_attempt=(lambda m: m.attempt)
-            if action is Action.RELEASE or keep_attempt
-            else (lambda m: m.attempt_count),
-            event_detail=_FINALIZE_DETAIL.get(action, lambda m: m.last_error),
+            event=_FINALIZE_EVENTS.get(action)
+            or (EventSpec(attempt_offset=1, column="last_error") if keep_attempt else LAST_ERROR),
         )
     done = {c.message.id for c in changed}
     return Finalized(changed, [o.message_id for o in outcomes if o.message_id not in done])
@@ -500,7 +570,7 @@ def sweep_expired(
             order_by=(om.c.lease_expires_at, om.c.id),
             limit=limit,
             skip_locked=True,
-            event_detail=lambda m: f"lease of {m.claimed_by}, claimed {m.claimed_at}, expired",
+            event=EventSpec(column="claimed_by", prefix="lease of ", suffix=" expired"),
         )
     )
 
@@ -538,7 +608,7 @@ def requeue(
             actor=actor,
             order_by=(om.c.id,),
             limit=limit,
-            event_detail=lambda m: "requeued by an operator",
+            event=EventSpec(text="requeued by an operator"),
         )
     )
 
@@ -555,7 +625,7 @@ def cancel(
             values={"status": Status.CANCELLED.value},
             now=now,
             actor=actor,
-            event_detail=lambda m: "cancelled",
+            event=EventSpec(text="cancelled"),
         )
     )
 
@@ -586,7 +656,7 @@ def resolve(
             values=values,
             now=now,
             actor=actor,
-            event_detail=lambda m: evidence,
+            event=EventSpec(text=evidence),
         )
     )
 
@@ -612,7 +682,7 @@ def flag(
             values={},
             now=now,
             actor=actor,
-            event_detail=lambda m: detail,
+            event=EventSpec(text=detail),
         )
     )
 
