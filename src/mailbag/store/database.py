@@ -66,6 +66,9 @@ def _engine_options(dialect: Dialect, pool_size: int | None, null_pool: bool) ->
         options["poolclass"] = NullPool
     elif pool_size is not None and dialect != "sqlite":
         options.update(pool_size=pool_size, max_overflow=pool_size)
+    if dialect == "postgresql":
+        # Timestamps come back tagged with Python's own UTC, which needs no conversion.
+        options["connect_args"] = {"options": "-c timezone=UTC"}
     if dialect == "mysql":
         # Fresh reads in every statement and no gap locks: the claim and finalize rely on
         # row locks only, and a duplicate enqueue must see the row that beat it.
