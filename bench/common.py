@@ -1,0 +1,168 @@
+"""What every benchmark needs: scratch databases, seeding, worker processes, timing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+
+from mailbag.clock import utcnow
+from mailbag.domain.message import new_message
+from mailbag.store import migrate
+from mailbag.store import outbox as store
+from mailbag.store.database import READ_ONLY, dialect_of, make_engine
+from mailbag.store.plan import run
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_BASE = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+MYSQL_BASE = os.environ.get("BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+
+
+@dataclass
+class Database:
+    url: str
+    engine: Engine
+
+    @property
+    def dialect(self) -> str:
+        return dialect_of(self.url)
+
+
+@contextmanager
+def scratch_database(kind: str, folder: Path) -> Iterator[Database]:
+    """A migrated, empty database of a kind, dropped afterwards."""
+    if kind == "sqlite":
+        url = f"sqlite:///{folder / f'bench-{uuid.uuid4().hex[:6]}.db'}"
+        engine = make_engine(url)
+        migrate.upgrade(engine)
+        try:
+            yield Database(url, engine)
+        finally:
+            engine.dispose()
+        return
+    base = PG_BASE if kind == "postgresql" else MYSQL_BASE
+    name = f"mailbag_bench_{uuid.uuid4().hex[:8]}"
+    admin = make_engine(base, null_pool=True)
+    with admin.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    url = make_url(base).set(database=name).render_as_string(hide_password=False)
+    engine = make_engine(url, pool_size=4)
+    migrate.upgrade(engine)
+    try:
+        yield Database(url, engine)
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            if kind == "postgresql":
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+                    )
+                )
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+        admin.dispose()
+
+
+def seed(db: Database, n: int, *, chunk: int = 2000) -> list[uuid.UUID]:
+    """N pending messages, enqueued through the real store in large transactions."""
+    ids: list[uuid.UUID] = []
+    now = utcnow()
+    with db.engine.begin() as conn:
+        for start in range(0, n, chunk):
+            batch = [
+                new_message(
+                    to=f"user{i}@example.com", template="welcome", data={"name": f"User {i}"}
+                )
+                for i in range(start, min(n, start + chunk))
+            ]
+            results = run(
+                conn,
+                store.enqueue(
+                    db.dialect,
+                    batch,
+                    now=now,  # type: ignore[arg-type]
+                    default_max_attempts=5,
+                ),
+            )
+            ids += [r.message.id for r in results]
+    return ids
+
+
+def counts(db: Database) -> dict[str, int]:
+    with db.engine.connect().execution_options(**READ_ONLY) as conn:
+        return run(conn, store.count_by_status())
+
+
+def worker_env(db: Database, sink_dir: Path, **settings: Any) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAILBAG_")}
+    env.update(
+        {
+            "MAILBAG_DATABASE_URL": db.url,
+            "MAILBAG_PROVIDER": "sink",
+            "MAILBAG_LOG_LEVEL": "WARNING",
+            "BENCH_SINK_DIR": str(sink_dir),
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    env.update({f"MAILBAG_{k.upper()}": str(v) for k, v in settings.items()})
+    return env
+
+
+def start_workers(
+    count: int, env: Mapping[str, str], module: str = "bench.worker_main"
+) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", module], env=dict(env), cwd=ROOT, start_new_session=True
+        )
+        for _ in range(count)
+    ]
+
+
+def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
+    for worker in workers:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+    for worker in workers:
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+
+
+def wait_until(condition: Any, timeout: float, interval: float = 0.05) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if condition():
+            return time.monotonic() - started
+        time.sleep(interval)
+    raise TimeoutError("benchmark did not finish in time")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
