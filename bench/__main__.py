@@ -103,18 +103,24 @@ def run_sections(
                 for rows in size["rows"]:
                     report("scale", scale.scale(kind, rows))
     if "peers" in chosen:
-        from bench.peers import run as peers
+        from bench.peers.run import PEERS
 
-        for workers in (1, 4) if not quick else (1,):
-            for result in peers.run_all(size["peer_jobs"], workers):
-                report("peers", result)
-            report(
-                "peers",
-                {
-                    "peer": "mailbag",
-                    **dispatch.throughput("postgresql", size["peer_jobs"], workers),
-                },
-            )
+        for workers in (1,) if quick else (1, 4):
+            for peer in PEERS.values():
+                row = peer(size["peer_jobs"], workers).as_dict()
+                # Like mailbag's figure: from the first hand-off on, start-up left out.
+                drain = row["seconds"] - row["startup_seconds"]
+                report("peers", {**row, "drain_per_second": round(row["jobs"] / drain)})
+            for label, settings in (("mailbag", {}), ("mailbag (defaults)", DEFAULTS)):
+                row = dispatch.throughput("postgresql", size["peer_jobs"], workers, **settings)
+                report("peers", {"peer": label, "workers": workers, "jobs": row["messages"],
+                                 "seconds": row["seconds"],
+                                 "drain_per_second": row["per_second"],
+                                 "duplicates": row["duplicates"], "missing": row["missing"]})
+
+
+# mailbag's own defaults (BATCH_SIZE 100, CONCURRENCY 32, POLL_INTERVAL 1 s with NOTIFY).
+DEFAULTS = {"batch_size": 100, "concurrency": 32, "poll_interval": 1.0}
 
 
 def main() -> None:
