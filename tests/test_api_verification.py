@@ -13,7 +13,7 @@ from sqlalchemy import select
 from api_helpers import api_client, new_tenant
 from mailbag.domain.delivery import Ambiguous, Rejected
 from mailbag.domain.states import Action
-from mailbag.domain.verification import digest
+from mailbag.domain.verification import VState, digest, v_can_move
 from mailbag.store import outbox as store
 from mailbag.store.database import READ_ONLY
 from mailbag.store.plan import run, run_async
@@ -114,6 +114,11 @@ async def test_request_send_confirm_and_replay(db, async_engine):
     assert token not in str(record.response_body) and token not in created.text
     assert row.token_digest == digest(token) and token not in str(row._mapping.values())
     assert history == ["created", "send_pending", "sent", "verified"]
+    sources = [None, *history[:-1]]
+    assert all(
+        v_can_move(VState(a) if a else None, VState(b))
+        for a, b in zip(sources, history, strict=True)
+    )
 
 
 async def test_the_message_api_never_shows_the_token(db, async_engine):

@@ -23,6 +23,7 @@ from mailbag.providers.brevo import BrevoProvider
 from mailbag.services import outbox as outbox_service
 from mailbag.services.reconciliation import Reconciler
 from mailbag.settings import Settings
+from mailbag.store.database import make_async_engine
 from mailbag.store.outbox import Finalization
 from mailbag.store.schema import provider_events, suppressions
 from mailbag.templates import builtin
@@ -492,3 +493,50 @@ def test_the_alert_rules_are_valid(db):
             ["promtool", "check", "rules", str(path)], capture_output=True, text=True, check=False
         )
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def test_health_and_readiness(db):
+    async with api_client(db) as api:
+        assert (await api.get("/healthz")).json() == {"status": "ok"}
+        ready = await api.get("/readyz")
+        assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+        services = api._transport.app.state.services
+        services.engine = make_async_engine("postgresql://nobody@127.0.0.1:1/none")
+        down = await api.get("/readyz")
+    assert down.status_code == 503 and down.json()["status"] == "database unreachable"
+
+
+def test_purge_drops_expired_idempotency_records(db, monkeypatch):
+    from mailbag.clock import utcnow
+    from mailbag.store import idempotency as records
+    from mailbag.store.plan import run
+
+    with db.engine.begin() as conn:
+        run(
+            conn,
+            records.take_key(
+                tenant_id="t",
+                key="old",
+                operation="op",
+                fingerprint="f",
+                now=utcnow() - timedelta(days=2),
+                expires_at=utcnow() - timedelta(days=1),
+            ),
+        )
+        run(
+            conn,
+            records.take_key(
+                tenant_id="t",
+                key="fresh",
+                operation="op",
+                fingerprint="f",
+                now=utcnow(),
+                expires_at=utcnow() + timedelta(days=1),
+            ),
+        )
+    monkeypatch.setenv("MAILBAG_DATABASE_URL", db.url)
+    result = CliRunner().invoke(cli_app, ["purge", "--older-than", "30d"])
+    assert result.exit_code == 0 and "1 expired idempotency record" in result.stdout
+    with db.engine.connect() as conn:
+        assert run(conn, records.find("t", "old")) is None
+        assert run(conn, records.find("t", "fresh")) is not None

@@ -316,3 +316,23 @@ async def test_a_keyed_retry_is_never_sent_inside_a_batch(db, async_engine):
     retry = [e for e in provider.sent if e.message_id == first]
     assert len(retry) == 2 and retry[0].idempotency_key == retry[1].idempotency_key
     assert provider.batches == [4]  # one batch call; the keyed retry went alone, via send()
+
+
+async def test_an_enqueue_in_this_process_wakes_the_worker_at_commit(db, async_engine):
+    """`serve` runs API and worker in one process: no need to wait for the next poll."""
+    provider = MemoryProvider()
+    worker = make_worker(db, async_engine, provider, poll_interval=30)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await asyncio.sleep(0.3)  # idle now, asleep until the poll 30 s away
+    async with async_engine.begin() as conn:
+        await outbox_service.enqueue_async(
+            conn, to="a@example.com", template="welcome", data={"name": "A"}
+        )
+    for _ in range(100):
+        if provider.sent:
+            break
+        await asyncio.sleep(0.02)
+    stop.set()
+    await task
+    assert len(provider.sent) == 1

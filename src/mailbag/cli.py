@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
@@ -480,7 +479,3 @@ def check_provider(settings: Settings) -> None:
         fail(
             f"unknown provider {settings.provider!r}; available: {', '.join(providers.available())}"
         )
-
-
-def main() -> None:  # pragma: no cover - the console script calls app() directly
-    sys.exit(app())

@@ -182,8 +182,8 @@ class Worker:
         helpers = [
             *(asyncio.create_task(self._run_regularly(job), name=job.name) for job in self.jobs),
             asyncio.create_task(self._write_outcomes(), name="mailbag-finalizer"),
-            asyncio.create_task(self._keep_leases(stop), name="mailbag-leases"),
-            asyncio.create_task(self._listen(stop), name="mailbag-listen"),
+            asyncio.create_task(self._keep_leases(), name="mailbag-leases"),
+            asyncio.create_task(self._listen(), name="mailbag-listen"),
         ]
         loop = asyncio.get_running_loop()
 
@@ -193,6 +193,10 @@ class Worker:
         unsubscribe = wakeup.subscribe(wake_from_any_thread)
         try:
             while not stop.is_set():
+                # Cleared before the round, not after: a NOTIFY or a freed slot that comes
+                # while this round runs must still cut the next wait short.
+                self.wake.clear()
+                self.slot_freed.clear()
                 full_batch = await self._tick()
                 if not full_batch:
                     await self._wait_for_work(stop)
@@ -245,8 +249,6 @@ class Worker:
         pause = self.paused_until - time.monotonic()
         if pause > 0:
             timeout = pause
-        self.wake.clear()
-        self.slot_freed.clear()
         waiters = [asyncio.ensure_future(stop.wait())]
         if pause <= 0:
             full = len(self.in_flight) >= self.config.concurrency
@@ -476,7 +478,7 @@ class Worker:
 
     # --- leases, wake-ups, shutdown ------------------------------------------------------------
 
-    async def _keep_leases(self, stop: asyncio.Event) -> None:
+    async def _keep_leases(self) -> None:
         """Extend the lease of every message still in flight, a few times per lease."""
         period = max(self.config.lease.total_seconds() / 3, 0.05)
         while True:
@@ -515,7 +517,7 @@ class Worker:
             if outcome:
                 self.log.info(job.name, **outcome)
 
-    async def _listen(self, stop: asyncio.Event) -> None:
+    async def _listen(self) -> None:
         if self.dialect != "postgresql" or self.listen_url is None:
             return
         from mailbag.store.listen import listen

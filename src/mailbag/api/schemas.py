@@ -11,7 +11,6 @@ from mailbag.domain.message import (
     ADDRESS_MAX,
     NAME_MAX,
     SUBJECT_MAX,
-    TAG_MAX,
     TAGS_MAX,
     TEMPLATE_NAME_MAX,
 )
@@ -103,5 +102,3 @@ class VerificationOut(BaseModel):
     send_count: int
     message_id: str | None
 
-
-TAG_LIMIT = TAG_MAX

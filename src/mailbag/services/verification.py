@@ -40,7 +40,6 @@ from mailbag.store.schema import email_verifications as ev
 from mailbag.store.verifications import Verification
 
 ACTOR = "api"
-DEFAULT_TEMPLATE = "verify-email"
 # Fields of the email's data that hold the secret: never shown back through the API.
 SECRET_FIELDS = ["token", "link"]
 

@@ -98,8 +98,3 @@ def for_message(message: Message) -> Plan[list[StoredEvent]]:
 def unmatched_count() -> Plan[int]:
     query = select(func.count()).select_from(pe).where(pe.c.message_id.is_(None))
     return int((yield Step(query)).scalar_one())
-
-
-def recent(limit: int = 50) -> Plan[list[StoredEvent]]:
-    rows = (yield Step(select(pe).order_by(pe.c.id.desc()).limit(limit))).all()
-    return [_stored(row._mapping) for row in rows]

@@ -31,7 +31,6 @@ from sqlalchemy import (
     literal,
     literal_column,
     select,
-    text,
     update,
 )
 from sqlalchemy.dialects import mysql as mysql_dialect
@@ -783,7 +782,3 @@ def events(message_id: uuid.UUID) -> Plan[list[Row[Any]]]:
 def count_by_status() -> Plan[dict[str, int]]:
     query = select(om.c.status, func.count().label("n")).group_by(om.c.status)
     return {row.status: int(row.n) for row in (yield Step(query)).all()}
-
-
-def notify_statement() -> Any:
-    return text(f"LISTEN {NOTIFY_CHANNEL}")
