@@ -113,10 +113,18 @@ def run_sections(
                 report("peers", {**row, "drain_per_second": round(row["jobs"] / drain)})
             for label, settings in (("mailbag", {}), ("mailbag (defaults)", DEFAULTS)):
                 row = dispatch.throughput("postgresql", size["peer_jobs"], workers, **settings)
-                report("peers", {"peer": label, "workers": workers, "jobs": row["messages"],
-                                 "seconds": row["seconds"],
-                                 "drain_per_second": row["per_second"],
-                                 "duplicates": row["duplicates"], "missing": row["missing"]})
+                report(
+                    "peers",
+                    {
+                        "peer": label,
+                        "workers": workers,
+                        "jobs": row["messages"],
+                        "seconds": row["seconds"],
+                        "drain_per_second": row["per_second"],
+                        "duplicates": row["duplicates"],
+                        "missing": row["missing"],
+                    },
+                )
 
 
 # mailbag's own defaults (BATCH_SIZE 100, CONCURRENCY 32, POLL_INTERVAL 1 s with NOTIFY).
