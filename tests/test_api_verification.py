@@ -330,3 +330,18 @@ async def test_bad_verification_input(db):
         )
         assert r.status_code == 422
         assert (await api.get(f"/v1/email-verifications/{uuid.uuid4()}")).status_code == 404
+
+
+async def test_a_suppressed_address_fails_its_verification_at_once(db):
+    from mailbag.store import suppressions
+    from mailbag.store.plan import run as run_plan
+
+    tenant_id, key = new_tenant(db)
+    with db.engine.begin() as conn:
+        run_plan(conn, suppressions.add(db.dialect, tenant_id=tenant_id,
+                                        email="new.user@example.com", reason="hard_bounce",
+                                        now=datetime.now(UTC)))
+    async with api_client(db, key) as api:
+        v = (await request(api)).json()
+    assert v["state"] == "send_failed"
+    assert get(db, uuid.UUID(v["message_id"])).last_error == "suppressed"

@@ -109,7 +109,7 @@ async def test_claims_never_exceed_the_free_concurrency_slots(db, async_engine):
 
     def done() -> bool:
         nonlocal most_in_flight
-        most_in_flight = max(most_in_flight, len(worker.in_flight))
+        most_in_flight = max(most_in_flight, worker.sending)
         return all_in(db, Status.SENT, total=40)()
 
     await run_until(worker, done)

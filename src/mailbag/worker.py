@@ -55,6 +55,7 @@ from mailbag.store.plan import run_async
 from mailbag.templates import Catalog, TemplateError
 
 DB_ERRORS = (SQLAlchemyError, OSError)
+BACKLOG_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,10 @@ class Worker:
             return False
         try:
             await self._maybe_sweep()
-            free = self.config.concurrency - len(self.in_flight)
+            # Decided messages waiting for their finalize take no slot, but when the
+            # database falls behind that much, stop claiming until it catches up.
+            backlog = self.unwritten >= BACKLOG_FACTOR * self.config.concurrency
+            free = 0 if backlog else self.config.concurrency - self.sending
             if free <= 0:
                 return False
             limit = min(self.config.batch_size, free)
@@ -251,7 +255,7 @@ class Worker:
             timeout = pause
         waiters = [asyncio.ensure_future(stop.wait())]
         if pause <= 0:
-            full = len(self.in_flight) >= self.config.concurrency
+            full = self.sending >= self.config.concurrency
             waiters.append(asyncio.ensure_future((self.slot_freed if full else self.wake).wait()))
         try:
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -290,6 +294,12 @@ class Worker:
             )
 
     # --- sending --------------------------------------------------------------------------
+
+    @property
+    def sending(self) -> int:
+        """Messages claimed and not yet decided: what CONCURRENCY bounds. Decided ones only
+        wait for their finalize (their leases are still kept) and need no slot."""
+        return len(self.in_flight) - self.unwritten
 
     def _dispatch(self, claim: store.Claim) -> None:
         for message in claim.messages:
@@ -378,6 +388,7 @@ class Worker:
         if flight is not None:
             flight.decided = True
         self.unwritten += 1
+        self.slot_freed.set()  # the send is over: its slot can take the next message
         self.all_written.clear()
         self.outcomes.put_nowait(Outcome(token, message, decision))
 
@@ -439,7 +450,6 @@ class Worker:
         self.unwritten -= len(batch)
         if not self.unwritten:
             self.all_written.set()
-        self.slot_freed.set()
 
     def _log_finalized(self, items: Iterable[Outcome], result: store.Finalized) -> None:
         stale = set(result.stale)

@@ -101,4 +101,3 @@ class VerificationOut(BaseModel):
     verified_at: datetime | None
     send_count: int
     message_id: str | None
-

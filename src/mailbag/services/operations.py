@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, func, true
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from mailbag.domain.message import normalize_address
+from mailbag.domain.message import Message, normalize_address
 from mailbag.domain.states import Status
 from mailbag.store import events as event_store
 from mailbag.store import outbox as store
@@ -98,7 +98,7 @@ class Operations:
         self.engine, self.dialect, self.default_attempts = engine, dialect, default_attempts
 
     async def _follow(
-        self, conn: AsyncConnection, changed: list[Changed], now: datetime, actor: str
+        self, conn: AsyncConnection, changed: list[Changed[Any]], now: datetime, actor: str
     ) -> None:
         await run_async(
             conn, verification_store.follow_messages(self.dialect, changed, now=now, actor=actor)
@@ -111,7 +111,7 @@ class Operations:
         where: Filter | None = None,
         now: datetime,
         actor: str,
-    ) -> list[Changed]:
+    ) -> list[Changed[Message]]:
         """Send unknown or dead messages again: by id, or every one a filter matches."""
         if message_ids is None and where is None:
             raise ValueError("requeue needs ids or a filter")
@@ -135,7 +135,7 @@ class Operations:
 
     async def cancel(
         self, *, message_id: uuid.UUID, now: datetime, actor: str, tenant_id: str | None = None
-    ) -> Changed:
+    ) -> Changed[Message]:
         condition = om.c.id == message_id
         if tenant_id is not None:
             condition = and_(condition, om.c.tenant_id == tenant_id)
@@ -156,7 +156,7 @@ class Operations:
         now: datetime,
         actor: str,
         provider_message_id: str | None = None,
-    ) -> Changed:
+    ) -> Changed[Message]:
         """Settle an unknown message from evidence an operator (or the reconciler) has."""
         if not evidence.strip():
             raise ValueError("say what the evidence is")

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from mailbag.domain.ids import uuid7
 from mailbag.domain.message import new_message
+from mailbag.domain.states import Status
 from mailbag.domain.verification import (
     FINAL,
     MAX_CONFIRM_ATTEMPTS,
@@ -279,6 +280,20 @@ class Verifications:
                 detail=f"email {send_number} enqueued",
             ),
         )
+        if enqueued.message.status == Status.FAILED:
+            # A suppressed address: the outbox failed the email at once; so does this.
+            (moved,) = await run_async(
+                conn,
+                store.transition(
+                    self.dialect,
+                    VAction.MESSAGE_FAILED,
+                    where=ev.c.id == v.id,
+                    now=now,
+                    actor=ACTOR,
+                    detail=enqueued.message.last_error,
+                ),
+            )
+            return moved
         await run_async(
             conn,
             store.record_send(tenant_id=v.tenant_id, email=v.email, verification_id=v.id, now=now),

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
@@ -55,12 +55,35 @@ _MYSQL_CLAIMABLE_AT = literal_column("claimable_at", UTCDateTime())
 LEASE_EXPIRED = "lease expired before the send was finalized; the provider may have accepted it"
 
 
-@dataclass(frozen=True)
-class Changed:
-    """A row an operation changed, as it is now, and the state it left."""
+M = TypeVar("M", bound="Message | Settled")
 
-    message: Message
+
+@dataclass(frozen=True)
+class Changed(Generic[M]):
+    """A row an operation changed, as it is now (a Message, or a Settled summary), and the
+    state it left."""
+
+    message: M
     from_status: Status
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The part of a changed row a worker's finalize needs back (`finalize(light=True)`):
+    no template data, headers or tags to decode, thousands of times a second."""
+
+    id: uuid.UUID
+    tenant_id: str
+    status: str
+    attempt_count: int
+    template_name: str
+    metadata: Mapping[str, Any]
+    provider_message_id: str | None
+    last_error: str | None
+    claimed_by: str | None
+
+
+SETTLED_COLUMNS = tuple(Settled.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -93,7 +116,7 @@ class Finalization:
 
 @dataclass(frozen=True)
 class Finalized:
-    changed: list[Changed]
+    changed: list[Changed[Settled]]
     stale: list[uuid.UUID] = field(default_factory=list)  # the claim was no longer ours
 
 
@@ -117,7 +140,7 @@ class EventSpec:
     prefix: str = ""
     suffix: str = ""
 
-    def detail(self, message: Message) -> str | None:
+    def detail(self, message: Message | Settled) -> str | None:
         if self.column is None:
             return self.text
         value = getattr(message, self.column)
@@ -171,6 +194,10 @@ _MESSAGE_COLUMNS = len(om.columns)
 assert list(Message.__dataclass_fields__) == [c.name for c in om.columns]
 
 
+def _settled(row: Row[Any]) -> Settled:
+    return Settled(*row[: len(SETTLED_COLUMNS)])
+
+
 def message_from_row(row: Row[Any]) -> Message:
     """A Message from a row that starts with all of outbox_messages' columns, in order."""
     return Message(*row[:_MESSAGE_COLUMNS])
@@ -188,7 +215,38 @@ def _transition(
     limit: int | None = None,
     skip_locked: bool = False,
     event: EventSpec = EventSpec(),
-) -> Plan[list[Changed]]:
+) -> Plan[list[Changed[Message]]]:
+    return (
+        yield from _apply(
+            dialect,
+            action,
+            where=where,
+            values=values,
+            now=now,
+            actor=actor,
+            order_by=order_by,
+            limit=limit,
+            skip_locked=skip_locked,
+            event=event,
+            as_row=message_from_row,
+        )
+    )
+
+
+def _apply(
+    dialect: Dialect,
+    action: Action,
+    *,
+    where: ColumnElement[bool],
+    values: Mapping[str, Any],
+    now: datetime,
+    actor: str,
+    as_row: Callable[[Row[Any]], M],
+    order_by: Sequence[ColumnElement[Any]] = (),
+    limit: int | None = None,
+    skip_locked: bool = False,
+    event: EventSpec = EventSpec(),
+) -> Plan[list[Changed[M]]]:
     """Apply `values` to the rows matching `where` (and allowed by `action`), log the events.
 
     On PostgreSQL the events are written by the same statement (a data-modifying CTE);
@@ -230,8 +288,9 @@ def _transition(
         limit=limit,
         skip_locked=skip_locked,
         log=log if dialect == "postgresql" else None,
+        columns=SETTLED_COLUMNS if as_row is _settled else None,
     )
-    changed = [Changed(message_from_row(row), Status(previous)) for row, previous in updated]
+    changed = [Changed(as_row(row), Status(previous)) for row, previous in updated]
     if changed and dialect != "postgresql":
         yield from _append_events(
             _event(
@@ -479,6 +538,9 @@ def finalize(
 ) -> Plan[Finalized]:
     """Record what happened to claimed messages, only where the claim is still ours.
 
+    The changed rows come back as `Settled` summaries: a worker finalizes thousands of
+    messages a second and needs none of their template data.
+
     Outcomes are grouped so that a batch costs one UPDATE per kind of outcome, however many
     messages it holds. A row whose token no longer matches (the lease expired and was swept,
     or another worker holds it now) is left alone and reported as stale.
@@ -489,13 +551,14 @@ def finalize(
             raise ValueError(f"{outcome.action} is not a finalize action")
         groups[(outcome.action, outcome.keep_attempt)].append(outcome)
 
-    changed: list[Changed] = []
+    changed: list[Changed[Settled]] = []
     for (action, keep_attempt), group in groups.items():
         ids = [o.message_id for o in group]
         values = _finalize_values(action, keep_attempt, group, now, provider)
-        changed += yield from _transition(
+        changed += yield from _apply(
             dialect,
             action,
+            as_row=_settled,
             where=and_(om.c.id.in_(ids), om.c.claim_token == token),
             values=values,
             now=now,
@@ -555,7 +618,7 @@ def _finalize_values(
 
 def sweep_expired(
     dialect: Dialect, *, now: datetime, actor: str, limit: int = 1000
-) -> Plan[list[Changed]]:
+) -> Plan[list[Changed[Message]]]:
     """Expired leases become `unknown`, never a blind resend. Safe to run from every replica:
     rows another sweeper holds are skipped, and a swept row no longer matches."""
     return (
@@ -591,7 +654,7 @@ def requeue(
     actor: str,
     extra_attempts: int,
     limit: int | None = None,
-) -> Plan[list[Changed]]:
+) -> Plan[list[Changed[Message]]]:
     """Send `unknown` or `dead` messages again, with a fresh attempt budget.
 
     Attempt numbers keep counting (they name provider idempotency keys, which must not be
@@ -620,7 +683,7 @@ def requeue(
 
 def cancel(
     dialect: Dialect, *, where: ColumnElement[bool], now: datetime, actor: str
-) -> Plan[list[Changed]]:
+) -> Plan[list[Changed[Message]]]:
     """Withdraw pending messages (never one a worker holds or already tried)."""
     return (
         yield from _transition(
@@ -644,7 +707,7 @@ def resolve(
     actor: str,
     evidence: str,
     provider_message_id: str | None = None,
-) -> Plan[list[Changed]]:
+) -> Plan[list[Changed[Message]]]:
     """Settle an `unknown` message from evidence: it was accepted (sent) or it was not (failed)."""
     values: dict[str, Any] = {"ambiguous_since": None}
     if sent:
@@ -668,7 +731,7 @@ def resolve(
 
 def flag(
     dialect: Dialect, *, message_id: uuid.UUID, now: datetime, actor: str, detail: str
-) -> Plan[list[Changed]]:
+) -> Plan[list[Changed[Message]]]:
     """Mark an unknown message as waiting for an operator, once per stay in `unknown`.
 
     Not a change of state (unknown stays unknown) but an event the console and alerts can

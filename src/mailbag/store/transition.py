@@ -61,13 +61,16 @@ def guarded_update(
     limit: int | None = None,
     skip_locked: bool = False,
     log: Callable[[Any], Any] | None = None,
+    columns: Sequence[str] | None = None,
 ) -> Plan[list[tuple[Row[Any], str]]]:
     """Apply `values` to the rows matching `guard`; return (new row, previous state) pairs.
 
     On PostgreSQL, `log` may turn the changed rows (a CTE with the table's columns and
     `previous_state`) into an INSERT that runs inside the same statement, so a state change
     and its history are one round trip. Elsewhere the caller writes the history itself.
+    `columns` limits what comes back (all of the table's by default).
     """
+    wanted = [table.c[name] for name in columns] if columns else list(table.c)
     key, state_column = table.c.id, table.c[state]
     candidates = select(key, state_column.label("previous_state")).where(guard)
     if order_by:
@@ -83,11 +86,13 @@ def guarded_update(
             .values(values)
             .returning(*table.c, locked.c.previous_state)
         )
-        if log is None:
+        if log is None and columns is None:
             rows = (yield Step(changed)).all()
         else:
             updated = changed.cte("updated")
-            statement = select(updated).add_cte(log(updated).cte("logged"))
+            statement = select(*(updated.c[c.name] for c in wanted), updated.c.previous_state)
+            if log is not None:
+                statement = statement.add_cte(log(updated).cte("logged"))
             rows = (yield Step(statement)).all()
         return [(row, row.previous_state) for row in rows]
 
@@ -106,8 +111,8 @@ def guarded_update(
     else:
         guarded = update(table).where(and_(key.in_(list(previous)), guard)).values(values)
     if dialect == "sqlite":
-        rows = (yield Step(guarded.returning(*table.c))).all()
+        rows = (yield Step(guarded.returning(*wanted))).all()
     else:
         yield Step(guarded)
-        rows = (yield Step(select(*table.c).where(key.in_(list(previous))))).all()
+        rows = (yield Step(select(*wanted).where(key.in_(list(previous))))).all()
     return [(row, previous[row.id]) for row in rows]

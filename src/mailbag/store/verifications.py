@@ -120,7 +120,7 @@ def transition(
 
 
 def follow_messages(
-    dialect: Dialect, changed: Sequence[Changed], *, now: datetime, actor: str
+    dialect: Dialect, changed: Sequence[Changed[Any]], *, now: datetime, actor: str
 ) -> Plan[list[Verification]]:
     """Carry outbox results over to the verifications whose current email they concern.
 
