@@ -84,15 +84,13 @@ def guarded_update(
             update(table)
             .where(key == locked.c.id)
             .values(values)
-            .returning(*table.c, locked.c.previous_state)
+            .returning(*wanted, locked.c.previous_state)
         )
-        if log is None and columns is None:
+        if log is None:
             rows = (yield Step(changed)).all()
         else:
             updated = changed.cte("updated")
-            statement = select(*(updated.c[c.name] for c in wanted), updated.c.previous_state)
-            if log is not None:
-                statement = statement.add_cte(log(updated).cte("logged"))
+            statement = select(updated).add_cte(log(updated).cte("logged"))
             rows = (yield Step(statement)).all()
         return [(row, row.previous_state) for row in rows]
 
