@@ -84,6 +84,7 @@ class Settings(BaseSettings):
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(8025, ge=0, le=65535)
+    api_pool_size: int = Field(20, ge=1, le=500)  # database connections per API process
     idempotency_ttl_hours: float = Field(24.0, gt=0)
     max_body_bytes: int = Field(256 * 1024, ge=1024)
     verification_ttl_minutes: float = Field(24 * 60.0, gt=0)

@@ -36,15 +36,13 @@ JSON_BODY_PATHS = ("/v1/messages", "/v1/email-verifications")
 DATABASE_DOWN = (OperationalError, PoolTimeout, ConnectionError, OSError, TimeoutError)
 
 
-def create_app(
-    settings: Settings | None = None, *, clock: Clock = utcnow, pool_size: int = 10
-) -> FastAPI:
+def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> FastAPI:
     settings = settings or Settings()
     log.configure(settings.log_level)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_async_engine(settings.database_url, pool_size=pool_size)
+        engine = make_async_engine(settings.database_url, pool_size=settings.api_pool_size)
         dialect = dialect_of(settings.database_url)
         catalog = templates.load(settings.templates_dir)
         app.state.services = Services(

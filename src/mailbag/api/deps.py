@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated
 
@@ -23,6 +24,29 @@ from mailbag.store.tenants import Tenant
 from mailbag.templates import Catalog
 
 
+class KeyCache:
+    """Tenants of recently seen API keys, for a short while: a busy client's requests need
+    not each look its key up. Keys are never revoked in place (a tenant gets a new one),
+    so the cost of the cache is at most TTL seconds of a deleted tenant's key working."""
+
+    TTL = 30.0
+    SIZE = 10_000
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[float, Tenant]] = {}
+
+    def get(self, key: str) -> Tenant | None:
+        entry = self._entries.get(key)
+        if entry is None or entry[0] < time.monotonic():
+            return None
+        return entry[1]
+
+    def put(self, key: str, tenant: Tenant) -> None:
+        if len(self._entries) >= self.SIZE:
+            self._entries.clear()
+        self._entries[key] = (time.monotonic() + self.TTL, tenant)
+
+
 @dataclass
 class Services:
     settings: Settings
@@ -32,18 +56,19 @@ class Services:
     verifications: Verifications
     operations: Operations
     catalog: Catalog
+    known_keys: KeyCache = field(default_factory=lambda: KeyCache())
 
     @property
     def catalog_names(self) -> frozenset[str]:
         return self.catalog.names()
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
     found: Services = request.app.state.services
     return found
 
 
-def now(svc: Annotated[Services, Depends(services)]) -> datetime:
+async def now(svc: Annotated[Services, Depends(services)]) -> datetime:
     return svc.clock()
 
 
@@ -63,15 +88,19 @@ async def tenant(
     )
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise unauthorized
-    async with svc.engine.connect() as conn:
-        found = await tenants.authenticate(conn, credentials.credentials)
+    key = credentials.credentials
+    found = svc.known_keys.get(key)
     if found is None:
-        raise unauthorized
+        async with svc.engine.connect() as conn:
+            found = await tenants.authenticate(conn, key)
+        if found is None:
+            raise unauthorized
+        svc.known_keys.put(key, found)
     structlog.contextvars.bind_contextvars(tenant=found.id)
     return found
 
 
-def idempotency_key(
+async def idempotency_key(
     key: Annotated[
         str | None,
         Header(
@@ -92,7 +121,7 @@ def idempotency_key(
     return checked
 
 
-def required_idempotency_key(
+async def required_idempotency_key(
     key: Annotated[str | None, Depends(idempotency_key)],
 ) -> str:
     if key is None:

@@ -65,7 +65,9 @@ def _engine_options(dialect: Dialect, pool_size: int | None, null_pool: bool) ->
     if null_pool:
         options["poolclass"] = NullPool
     elif pool_size is not None and dialect != "sqlite":
-        options.update(pool_size=pool_size, max_overflow=pool_size)
+        # No overflow: connections beyond the pool would be opened and closed per use (a
+        # server process forked each time); callers wait for a pooled one instead.
+        options.update(pool_size=pool_size, max_overflow=0)
     if dialect == "postgresql":
         # Timestamps come back tagged with Python's own UTC, which needs no conversion.
         options["connect_args"] = {"options": "-c timezone=UTC"}
