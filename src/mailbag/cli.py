@@ -434,15 +434,7 @@ def api(
         settings.api_host,
         str(settings.api_port),
     )
-    uvicorn.run(
-        "mailbag.api.app:app_from_environment",
-        factory=True,
-        host=settings.api_host,
-        port=settings.api_port,
-        workers=workers,
-        log_level="warning",
-        access_log=False,
-    )
+    uvicorn.run(**runtime.uvicorn_options(settings, workers=workers))
 
 
 tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)

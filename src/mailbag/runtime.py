@@ -83,21 +83,23 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
-def api_server(settings: Settings, *, workers: int = 1) -> Any:
+def uvicorn_options(settings: Settings, *, workers: int = 1) -> dict[str, Any]:
+    """How the API is served; its processes build their app from the environment."""
+    return {
+        "app": "mailbag.api.app:app_from_environment",
+        "factory": True,
+        "host": settings.api_host,
+        "port": settings.api_port,
+        "workers": workers,
+        "log_level": "warning",
+        "access_log": False,  # mailbag logs each request itself, as JSON
+    }
+
+
+def api_server(settings: Settings) -> Any:
     import uvicorn
 
-    return uvicorn.Server(
-        uvicorn.Config(
-            "mailbag.api.app:app_from_environment",
-            factory=True,
-            host=settings.api_host,
-            port=settings.api_port,
-            workers=workers,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-        )
-    )
+    return uvicorn.Server(uvicorn.Config(**uvicorn_options(settings), lifespan="on"))
 
 
 async def run_serve(settings: Settings) -> None:
