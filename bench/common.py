@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,11 @@ from sqlalchemy.engine import make_url
 
 from mailbag.clock import utcnow
 from mailbag.domain.message import new_message
+from mailbag.domain.states import Action
 from mailbag.store import migrate
 from mailbag.store import outbox as store
 from mailbag.store.database import READ_ONLY, dialect_of, make_engine
-from mailbag.store.plan import run
+from mailbag.store.plan import run, run_async
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_BASE = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -151,6 +153,38 @@ def wait_until(condition: Any, timeout: float, interval: float = 0.05) -> float:
             return time.monotonic() - started
         time.sleep(interval)
     raise TimeoutError("benchmark did not finish in time")
+
+
+async def claim_batch(engine: Any, db: Database, worker: str, limit: int) -> Any:
+    """One claim, with the statement the worker uses."""
+    async with engine.begin() as conn:
+        return await run_async(
+            conn,
+            store.claim(
+                db.dialect,
+                worker_id=worker,
+                now=utcnow(),  # type: ignore[arg-type]
+                lease=timedelta(minutes=5),
+                limit=limit,
+            ),
+        )
+
+
+async def finalize_all(engine: Any, db: Database, claim: Any, action: Action) -> None:
+    """Finalize a whole claim one way (sent, released ...), as the worker's finalize does."""
+    outcomes = [store.Finalization(m.id, action, provider_message_id="x") for m in claim.messages]
+    async with engine.begin() as conn:
+        await run_async(
+            conn,
+            store.finalize(
+                db.dialect,
+                token=claim.token,
+                outcomes=outcomes,  # type: ignore[arg-type]
+                now=utcnow(),
+                actor="bench",
+                provider="bench",
+            ),
+        )
 
 
 def free_port() -> int:

@@ -12,7 +12,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,9 @@ from bench import sink
 from bench.common import (
     ROOT,
     Database,
+    claim_batch,
     counts,
+    finalize_all,
     free_port,
     scratch_database,
     seed,
@@ -29,11 +30,8 @@ from bench.common import (
     wait_until,
     worker_env,
 )
-from mailbag.clock import utcnow
 from mailbag.domain.states import Action
-from mailbag.store import outbox as store
 from mailbag.store.database import make_async_engine
-from mailbag.store.plan import run_async
 
 WORKER_SETTINGS = {"batch_size": 100, "concurrency": 256, "poll_interval": 0.05}
 STARTUP_SECONDS = 3.0
@@ -115,35 +113,10 @@ async def _bare_loop(db: Database, batch: int) -> int:
     done = 0
     try:
         while True:
-            async with engine.begin() as conn:
-                claim = await run_async(
-                    conn,
-                    store.claim(
-                        db.dialect,
-                        worker_id="ceiling",
-                        now=utcnow(),  # type: ignore[arg-type]
-                        lease=timedelta(seconds=120),
-                        limit=batch,
-                    ),
-                )
+            claim = await claim_batch(engine, db, "ceiling", batch)
             if not claim.messages:
                 return done
-            outcomes = [
-                store.Finalization(m.id, Action.MARK_SENT, provider_message_id="x")
-                for m in claim.messages
-            ]
-            async with engine.begin() as conn:
-                await run_async(
-                    conn,
-                    store.finalize(
-                        db.dialect,
-                        token=claim.token,
-                        outcomes=outcomes,  # type: ignore[arg-type]
-                        now=utcnow(),
-                        actor="ceiling",
-                        provider="bare",
-                    ),
-                )
+            await finalize_all(engine, db, claim, Action.MARK_SENT)
             done += len(claim.messages)
     finally:
         await engine.dispose()

@@ -12,7 +12,6 @@ import statistics
 import tempfile
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,9 @@ from sqlalchemy import text
 
 from bench.common import (
     Database,
+    claim_batch,
     counts,
+    finalize_all,
     rss_kib,
     scratch_database,
     seed,
@@ -29,11 +30,8 @@ from bench.common import (
     wait_until,
     worker_env,
 )
-from mailbag.clock import utcnow
 from mailbag.domain.states import Action
-from mailbag.store import outbox as store
 from mailbag.store.database import make_async_engine
-from mailbag.store.plan import run_async
 
 COLUMNS = (
     "id, tenant_id, to_address, template_name, template_data, headers, tags, metadata, "
@@ -74,29 +72,9 @@ async def _claim_latencies(db: Database) -> list[float]:
     try:
         for _ in range(CLAIMS):
             started = time.perf_counter()
-            async with engine.begin() as conn:
-                claim = await run_async(
-                    conn,
-                    store.claim(
-                        db.dialect,
-                        worker_id="scale",
-                        now=utcnow(),  # type: ignore[arg-type]
-                        lease=timedelta(minutes=5),
-                        limit=100,
-                    ),
-                )
+            claim = await claim_batch(engine, db, "scale", 100)
             timings.append((time.perf_counter() - started) * 1000)
-            async with engine.begin() as conn:
-                await run_async(
-                    conn,
-                    store.finalize(
-                        db.dialect,
-                        token=claim.token,
-                        now=utcnow(),
-                        actor="scale",  # type: ignore[arg-type]
-                        outcomes=[store.Finalization(m.id, Action.RELEASE) for m in claim.messages],
-                    ),
-                )
+            await finalize_all(engine, db, claim, Action.RELEASE)
     finally:
         await engine.dispose()
     return timings
