@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -72,6 +74,34 @@ def get(db: Any, message_id: Any) -> Any:
 def events(db: Any, message_id: Any) -> list[Any]:
     with db.engine.connect() as conn:
         return run(conn, store.events(message_id))
+
+
+def status_counts(db: Any) -> dict[str, int]:
+    """Messages by state. Read-only: on SQLite it must not queue behind a running worker."""
+    with db.engine.connect().execution_options(**READ_ONLY) as conn:
+        return run(conn, store.count_by_status())
+
+
+async def run_worker_until(
+    worker: Any, done: Callable[[], bool | Awaitable[bool]], timeout: float = 15.0
+) -> None:
+    """Run a worker in this event loop until `done()` holds, then stop it (drained)."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                result = done()
+                if not isinstance(result, bool):
+                    result = await result
+                if result:
+                    break
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await task
 
 
 def count_rows(db: Any) -> tuple[int, int]:

@@ -15,14 +15,13 @@ from mailbag.domain.delivery import Ambiguous, Rejected
 from mailbag.domain.states import Action
 from mailbag.domain.verification import VState, digest, v_can_move
 from mailbag.store import outbox as store
-from mailbag.store.database import READ_ONLY
-from mailbag.store.plan import run, run_async
+from mailbag.store.plan import run_async
 from mailbag.store.schema import email_verifications, idempotency_records, verification_events
 from mailbag.store.verifications import follow_messages
 from mailbag.templates import builtin
 from mailbag.worker import Worker, WorkerConfig
 
-from helpers import get
+from helpers import get, run_worker_until, status_counts
 from memory_provider import MemoryProvider
 
 
@@ -53,16 +52,12 @@ async def deliver(
         catalog=builtin(),
         config=WorkerConfig(worker_id="w", poll_interval=0.02),
     )
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    for _ in range(200):
-        await asyncio.sleep(0.02)
-        with db.engine.connect().execution_options(**READ_ONLY) as conn:
-            counts = run(conn, store.count_by_status())
-        if not counts.get("pending") and not counts.get("processing") and not worker.in_flight:
-            break
-    stop.set()
-    await task
+
+    def settled() -> bool:
+        counts = status_counts(db)
+        return not counts.get("pending") and not counts.get("processing") and not worker.in_flight
+
+    await run_worker_until(worker, settled)
     return provider
 
 
@@ -338,9 +333,16 @@ async def test_a_suppressed_address_fails_its_verification_at_once(db):
 
     tenant_id, key = new_tenant(db)
     with db.engine.begin() as conn:
-        run_plan(conn, suppressions.add(db.dialect, tenant_id=tenant_id,
-                                        email="new.user@example.com", reason="hard_bounce",
-                                        now=datetime.now(UTC)))
+        run_plan(
+            conn,
+            suppressions.add(
+                db.dialect,
+                tenant_id=tenant_id,
+                email="new.user@example.com",
+                reason="hard_bounce",
+                now=datetime.now(UTC),
+            ),
+        )
     async with api_client(db, key) as api:
         v = (await request(api)).json()
     assert v["state"] == "send_failed"

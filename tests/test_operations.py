@@ -29,7 +29,7 @@ from mailbag.store.schema import provider_events, suppressions
 from mailbag.templates import builtin
 from mailbag.worker import Worker, WorkerConfig
 
-from helpers import claim, events, finalize, get, message
+from helpers import claim, events, finalize, get, message, run_worker_until, status_counts
 from memory_provider import MemoryProvider
 from smtp_server import DROP, RecordingSMTPServer
 from sns_signing import TOPIC_ARN, notification, shared_signer
@@ -399,14 +399,7 @@ async def test_metrics_report_a_scripted_run(db, async_engine):
         catalog=builtin(),
         config=WorkerConfig(worker_id="w", poll_interval=0.05),
     )
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    for _ in range(100):
-        await asyncio.sleep(0.05)
-        if get_counts(db) == {"sent": 4, "failed": 1}:
-            break
-    stop.set()
-    await task
+    await run_worker_until(worker, lambda: status_counts(db) == {"sent": 4, "failed": 1})
     assert sample("mailbag_enqueued_total", template) == before["enqueued"] + 5
     assert sample("mailbag_sent_total", {"provider": "memory", **template}) == before["sent"] + 4
     assert (
@@ -419,15 +412,6 @@ async def test_metrics_report_a_scripted_run(db, async_engine):
     assert 'mailbag_messages{state="failed"} 1.0' in text
     assert "mailbag_oldest_due_message_age_seconds 0.0" in text
     assert "mailbag_provider_call_seconds_bucket" in text
-
-
-def get_counts(db: Any) -> dict[str, int]:
-    from mailbag.store import outbox as store
-    from mailbag.store.database import READ_ONLY
-    from mailbag.store.plan import run
-
-    with db.engine.connect().execution_options(**READ_ONLY) as conn:
-        return run(conn, store.count_by_status())
 
 
 # --- the command line --------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,12 +19,11 @@ from mailbag.domain.states import Status
 from mailbag.services import outbox as outbox_service
 from mailbag.settings import Settings
 from mailbag.store import outbox as store
-from mailbag.store.database import READ_ONLY
-from mailbag.store.plan import run, run_async
+from mailbag.store.plan import run_async
 from mailbag.templates import builtin
 from mailbag.worker import Worker, WorkerConfig
 
-from helpers import get
+from helpers import get, run_worker_until, status_counts
 from memory_provider import MemoryProvider
 
 FAST_RETRY = RetryPolicy(
@@ -44,12 +43,6 @@ def enqueue(db: Any, n: int, **fields: Any) -> list[Any]:
     return [r.message.id for r in results]
 
 
-def statuses(db: Any) -> dict[str, int]:
-    # Read-only: on SQLite it must not queue behind the worker's write transactions.
-    with db.engine.connect().execution_options(**READ_ONLY) as conn:
-        return run(conn, store.count_by_status())
-
-
 def make_worker(db: Any, async_engine: Any, provider: Any, **config: Any) -> Worker:
     config.setdefault("worker_id", "test-worker")
     config.setdefault("poll_interval", 0.05)
@@ -60,36 +53,15 @@ def make_worker(db: Any, async_engine: Any, provider: Any, **config: Any) -> Wor
     )
 
 
-async def run_until(
-    worker: Worker, done: Callable[[], bool | Awaitable[bool]], timeout: float = 15.0
-) -> None:
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                result = done()
-                if not isinstance(result, bool):
-                    result = await result
-                if result:
-                    break
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.02)
-    finally:
-        stop.set()
-        await task
-
-
 def all_in(db: Any, *wanted: Status, total: int) -> Callable[[], bool]:
-    return lambda: sum(statuses(db).get(s.value, 0) for s in wanted) == total
+    return lambda: sum(status_counts(db).get(s.value, 0) for s in wanted) == total
 
 
 async def test_the_worker_delivers_every_message_once(db, async_engine):
     ids = enqueue(db, 60)
     provider = MemoryProvider()
     worker = make_worker(db, async_engine, provider, batch_size=25, concurrency=10)
-    await run_until(worker, all_in(db, Status.SENT, total=60))
+    await run_worker_until(worker, all_in(db, Status.SENT, total=60))
     assert sorted(e.message_id for e in provider.sent) == sorted(ids)
     row = get(db, ids[0])
     assert row.provider == "memory" and row.provider_message_id == f"mem-{ids[0]}-1"
@@ -112,7 +84,7 @@ async def test_claims_never_exceed_the_free_concurrency_slots(db, async_engine):
         most_in_flight = max(most_in_flight, worker.sending)
         return all_in(db, Status.SENT, total=40)()
 
-    await run_until(worker, done)
+    await run_worker_until(worker, done)
     assert provider.max_in_flight <= 4
     assert most_in_flight <= 4
     assert provider.max_in_flight == 4  # and the slots were actually used
@@ -122,7 +94,9 @@ async def test_transient_failures_retry_with_backoff_then_succeed(db, async_engi
     (mid,) = enqueue(db, 1)
     script = lambda email, nth: Deferred("451 try later") if nth < 3 else Accepted("ok")  # noqa: E731
     provider = MemoryProvider(script)
-    await run_until(make_worker(db, async_engine, provider), all_in(db, Status.SENT, total=1))
+    await run_worker_until(
+        make_worker(db, async_engine, provider), all_in(db, Status.SENT, total=1)
+    )
     row = get(db, mid)
     assert (row.attempt_count, row.last_error) == (3, "451 try later")
     assert [e.attempt for e in provider.sent] == [1, 2, 3]
@@ -131,7 +105,9 @@ async def test_transient_failures_retry_with_backoff_then_succeed(db, async_engi
 async def test_a_spent_budget_ends_in_the_dead_letter(db, async_engine):
     (mid,) = enqueue(db, 1)
     provider = MemoryProvider(lambda email, nth: Deferred(f"421 busy #{nth}"))
-    await run_until(make_worker(db, async_engine, provider), all_in(db, Status.DEAD, total=1))
+    await run_worker_until(
+        make_worker(db, async_engine, provider), all_in(db, Status.DEAD, total=1)
+    )
     row = get(db, mid)
     assert (row.attempt_count, row.last_error) == (3, "421 busy #3")
     assert len(provider.sent) == 3
@@ -141,7 +117,9 @@ async def test_permanent_rejections_and_template_errors_fail_at_once(db, async_e
     (rejected,) = enqueue(db, 1)
     (broken,) = enqueue(db, 1, data={})  # welcome needs `name`
     provider = MemoryProvider(lambda email, nth: Rejected("550 5.1.1 no such user"))
-    await run_until(make_worker(db, async_engine, provider), all_in(db, Status.FAILED, total=2))
+    await run_worker_until(
+        make_worker(db, async_engine, provider), all_in(db, Status.FAILED, total=2)
+    )
     assert get(db, rejected).last_error == "550 5.1.1 no such user"
     assert "'name' is undefined" in get(db, broken).last_error
     assert [e.message_id for e in provider.sent] == [rejected]  # the broken one never left
@@ -151,8 +129,8 @@ async def test_an_ambiguous_send_becomes_unknown_and_is_never_resent(db, async_e
     (mid,) = enqueue(db, 1)
     provider = MemoryProvider(lambda email, nth: Ambiguous("connection lost after DATA"))
     worker = make_worker(db, async_engine, provider)
-    await run_until(worker, all_in(db, Status.UNKNOWN, total=1))
-    await run_until(worker, lambda: True)  # another round: nothing claims it again
+    await run_worker_until(worker, all_in(db, Status.UNKNOWN, total=1))
+    await run_worker_until(worker, lambda: True)  # another round: nothing claims it again
     await asyncio.sleep(0.2)
     assert len(provider.sent) == 1
     assert get(db, mid).status == Status.UNKNOWN
@@ -162,7 +140,9 @@ async def test_a_keyed_provider_retries_an_ambiguous_send_with_the_same_key(db, 
     (mid,) = enqueue(db, 1)
     script = lambda email, nth: Ambiguous("read timeout") if nth == 1 else Accepted("p-1")  # noqa: E731
     provider = MemoryProvider(script, idempotency_window=timedelta(minutes=30))
-    await run_until(make_worker(db, async_engine, provider), all_in(db, Status.SENT, total=1))
+    await run_worker_until(
+        make_worker(db, async_engine, provider), all_in(db, Status.SENT, total=1)
+    )
     first, second = provider.sent
     assert first.idempotency_key == second.idempotency_key == f"mailbag-{mid}-1"
     row = get(db, mid)
@@ -178,14 +158,14 @@ async def test_a_disabled_provider_releases_without_spending_attempts(db, async_
 
     provider = MemoryProvider(script)
     worker = make_worker(db, async_engine, provider, disabled_backoff=(0.3, 0.3))
-    await run_until(worker, lambda: len(provider.sent) >= 1)
+    await run_worker_until(worker, lambda: len(provider.sent) >= 1)
     await asyncio.sleep(0.1)
     rows = [get(db, i) for i in ids]
     assert all(r.attempt_count == 0 for r in rows)
     assert all(r.status in (Status.PENDING, Status.PROCESSING) for r in rows)
     calls_while_disabled = len(provider.sent)
     enabled = True
-    await run_until(worker, all_in(db, Status.SENT, total=3))
+    await run_worker_until(worker, all_in(db, Status.SENT, total=3))
     assert all(get(db, i).attempt_count == 1 for i in ids)
     assert calls_while_disabled <= 3  # it paused instead of hammering a disabled provider
 
@@ -194,7 +174,7 @@ async def test_a_slow_live_send_keeps_its_lease(db, async_engine):
     (mid,) = enqueue(db, 1)
     provider = MemoryProvider(delay=1.2)
     worker = make_worker(db, async_engine, provider, lease=timedelta(seconds=0.6))
-    await run_until(worker, all_in(db, Status.SENT, total=1))
+    await run_worker_until(worker, all_in(db, Status.SENT, total=1))
     assert get(db, mid).status == Status.SENT
     assert worker.stats["swept"] == 0
 
@@ -219,8 +199,8 @@ async def test_a_stale_finalize_changes_nothing_and_is_logged(db, async_engine, 
         provider.gate.set()
         return True
 
-    await run_until(worker, swept_behind_its_back)
-    await run_until(worker, lambda: worker.stats["stale"] == 1)
+    await run_worker_until(worker, swept_behind_its_back)
+    await run_worker_until(worker, lambda: worker.stats["stale"] == 1)
     row = get(db, mid)
     assert row.status == Status.UNKNOWN and row.provider_message_id is None
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if "stale" in line]
@@ -231,7 +211,7 @@ async def test_a_batch_provider_gets_chunks_of_its_batch_size(db, async_engine):
     enqueue(db, 25)
     provider = MemoryProvider(max_batch_size=10)
     worker = make_worker(db, async_engine, provider, batch_size=25, concurrency=25)
-    await run_until(worker, all_in(db, Status.SENT, total=25))
+    await run_worker_until(worker, all_in(db, Status.SENT, total=25))
     assert max(provider.batches) == 10 and sum(provider.batches) == 25
 
 
@@ -312,7 +292,7 @@ async def test_a_keyed_retry_is_never_sent_inside_a_batch(db, async_engine):
 
     provider = MemoryProvider(script, max_batch_size=10, idempotency_window=timedelta(minutes=30))
     worker = make_worker(db, async_engine, provider, batch_size=10, concurrency=10)
-    await run_until(worker, all_in(db, Status.SENT, total=4))
+    await run_worker_until(worker, all_in(db, Status.SENT, total=4))
     retry = [e for e in provider.sent if e.message_id == first]
     assert len(retry) == 2 and retry[0].idempotency_key == retry[1].idempotency_key
     assert provider.batches == [4]  # one batch call; the keyed retry went alone, via send()
