@@ -14,8 +14,14 @@ from mailbag.services.tenants import create_tenant
 from mailbag.settings import Settings
 
 
+# Server databases have no key file beside them: every replica is given the same key.
+TEST_SECRET_KEY = "test-secret-key-not-for-production-0123456789"
+
+
 def settings_for(db: Any, **overrides: Any) -> Settings:
-    return Settings.model_validate({"database_url": db.url, "log_level": "WARNING", **overrides})
+    return Settings.model_validate(
+        {"database_url": db.url, "log_level": "WARNING", "secret_key": TEST_SECRET_KEY, **overrides}
+    )
 
 
 def new_tenant(db: Any, name: str = "acme") -> tuple[str, str]:

@@ -21,8 +21,21 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from mailbag import keys
 from mailbag.domain.policy import RetryPolicy
 from mailbag.store.database import dialect_of
+
+MIN_ADMIN_PASSWORD_LENGTH = 12
+SECRET_SETTINGS = (
+    "secret_key",
+    "admin_password",
+    "admin_token",
+    "brevo_webhook_secret",
+    "ses_webhook_secret",
+    "metrics_token",
+    "smtp_password",
+    "brevo_api_key",
+)
 
 ProviderName = str  # one of the registered providers: console, file, smtp, ses, brevo, ...
 
@@ -73,6 +86,9 @@ class Settings(BaseSettings):
     shutdown_grace: float = Field(30.0, ge=0)
     worker_id: str = Field(default_factory=default_worker_id)
 
+    # Secrets: unset or empty turns each feature off (see _empty_secret_is_unset).
+    # SECRET_KEY signs console sessions and derives verification tokens (see mailbag.keys).
+    secret_key: SecretStr | None = None
     admin_password: SecretStr | None = None  # unset: the console is off
     admin_token: SecretStr | None = None  # unset: the admin API is off
     brevo_webhook_secret: SecretStr | None = None
@@ -92,6 +108,32 @@ class Settings(BaseSettings):
     verification_sends_per_tenant_per_hour: int = Field(1000, ge=1)
     log_level: str = "INFO"
     metrics_port: int | None = Field(None, ge=0, le=65535)  # `worker`: serve /metrics here
+    metrics_token: SecretStr | None = None  # set: /metrics wants `Authorization: Bearer ...`
+    metrics_tenant_labels: bool = False  # per-tenant series name tenant ids: off unless asked
+
+    @field_validator(*SECRET_SETTINGS, mode="before")
+    @classmethod
+    def _empty_secret_is_unset(cls, value: object) -> object:
+        # `MAILBAG_ADMIN_TOKEN=` must switch the admin API off, never on with an empty token.
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @field_validator("admin_password")
+    @classmethod
+    def _long_admin_password(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_ADMIN_PASSWORD_LENGTH:
+            raise ValueError(
+                f"ADMIN_PASSWORD must be at least {MIN_ADMIN_PASSWORD_LENGTH} characters "
+                "(unset it to turn the console off)"
+            )
+        return value
+
+    @cached_property
+    def key(self) -> bytes:
+        """The deployment's secret key; raises keys.MissingSecretKey saying what to set."""
+        secret = self.secret_key.get_secret_value() if self.secret_key else None
+        return keys.load(secret, self.database_url)
 
     @field_validator("database_url")
     @classmethod
