@@ -7,7 +7,7 @@ attempt and receivers, providers and reconciliation can all match it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.headerregistry import Address
@@ -15,6 +15,7 @@ from email.message import EmailMessage
 from email.policy import SMTP
 from email.utils import format_datetime
 from functools import cached_property
+from typing import Any
 
 from mailbag.domain.message import Message
 from mailbag.templates import Catalog
@@ -89,9 +90,14 @@ def compose(
     default_from_name: str | None,
     message_id_domain: str,
     now: datetime,
+    secrets: Callable[[Message], Mapping[str, Any]] | None = None,
 ) -> OutgoingEmail:
-    """Render and assemble one email. Raises TemplateError when the template cannot render."""
-    rendered = catalog.render(message.template_name, message.template_data, message.subject)
+    """Render and assemble one email. Raises TemplateError when the template cannot render.
+
+    `secrets` gives the template fields that are never stored (a verification's token and
+    link): they join the data only here, for this rendering."""
+    data = {**message.template_data, **secrets(message)} if secrets else message.template_data
+    rendered = catalog.render(message.template_name, data, message.subject)
     from_email = message.from_address or default_from_email
     from_name = default_from_name if message.from_address is None else None
     return OutgoingEmail(
