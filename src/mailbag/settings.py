@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from mailbag import keys
 from mailbag.domain.policy import RetryPolicy
+from mailbag.domain.verification import TOKEN_PURPOSE, Tokens
 from mailbag.store.database import dialect_of
 
 MIN_ADMIN_PASSWORD_LENGTH = 12
@@ -134,6 +135,11 @@ class Settings(BaseSettings):
         """The deployment's secret key; raises keys.MissingSecretKey saying what to set."""
         secret = self.secret_key.get_secret_value() if self.secret_key else None
         return keys.load(secret, self.database_url)
+
+    @cached_property
+    def verification_tokens(self) -> Tokens:
+        """Derives each verification email's token from the key (API and worker alike)."""
+        return Tokens(keys.derive(self.key, TOKEN_PURPOSE))
 
     @field_validator("database_url")
     @classmethod

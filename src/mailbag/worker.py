@@ -46,6 +46,7 @@ from mailbag.domain.delivery import (
 from mailbag.domain.message import Message
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.states import Action
+from mailbag.domain.verification import Tokens
 from mailbag.providers.base import Provider
 from mailbag.settings import Settings
 from mailbag.store import outbox as store
@@ -73,6 +74,8 @@ class WorkerConfig:
     sweep_every: float = 1.0
     db_backoff: tuple[float, float] = (1.0, 30.0)
     disabled_backoff: tuple[float, float] = (5.0, 300.0)
+    # Derives verification tokens at render time; without it a verification email fails.
+    tokens: Tokens | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> WorkerConfig:
@@ -87,6 +90,8 @@ class WorkerConfig:
             "from_email": settings.from_email,
             "from_name": settings.from_name,
             "message_id_domain": settings.message_id_host,
+            # Raises MissingSecretKey: a worker without the key refuses to start.
+            "tokens": settings.verification_tokens,
         }
         values.update(overrides)
         return cls(**values)
@@ -326,6 +331,7 @@ class Worker:
                     default_from_name=self.config.from_name,
                     message_id_domain=self.config.message_id_domain,
                     now=now,
+                    secrets=self.config.tokens.secrets_for if self.config.tokens else None,
                 )
             except TemplateError as exc:
                 self._decide(token, message, Rejected(str(exc)))

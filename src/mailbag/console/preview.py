@@ -9,6 +9,7 @@ from typing import Any
 
 from mailbag.compose import compose
 from mailbag.domain.message import Message
+from mailbag.domain.verification import EmailReference
 from mailbag.settings import Settings
 from mailbag.templates import Catalog, TemplateError
 
@@ -38,6 +39,13 @@ def redacted_data(message: Message) -> dict[str, Any]:
     return {k: (REDACTED if k in secret else v) for k, v in message.template_data.items()}
 
 
+def redacted_secrets(message: Message) -> dict[str, str | None]:
+    """The fields a verification email renders with, its token blanked out: the preview
+    shows the link's shape, never a token that would confirm."""
+    reference = EmailReference.from_metadata(message.metadata)
+    return reference.secrets(REDACTED) if reference else {}
+
+
 def preview(message: Message, catalog: Catalog, settings: Settings, now: datetime) -> Preview:
     safe = dataclasses.replace(message, template_data=redacted_data(message))
     try:
@@ -48,6 +56,7 @@ def preview(message: Message, catalog: Catalog, settings: Settings, now: datetim
             default_from_name=settings.from_name,
             message_id_domain=settings.message_id_host,
             now=now,
+            secrets=redacted_secrets,
         )
         headers = [
             (name, str(value))

@@ -1,17 +1,23 @@
 """The email-verification workflow: request, send, confirm, resend, expire.
 
 A request creates a verification row (the token's digest only) and its outbox message
-(the raw token only there, inside the email's data) in one transaction, under the
-caller's Idempotency-Key. The row then follows its message (see store.verifications).
+(only a reference to the send: the worker derives the token from the deployment key when
+it renders the email) in one transaction, under the caller's Idempotency-Key. The row then
+follows its message (see store.verifications).
+
+Every request and resend of a tenant first takes the tenant's send lock (see
+store.verifications.lock_sends): the send limits are counted and spent by one transaction
+at a time, and each resend rotates from the send number it read, so the stored digest is
+always the newest email's.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from sqlalchemy import and_
 from sqlalchemy.exc import IntegrityError
@@ -24,11 +30,11 @@ from mailbag.domain.verification import (
     FINAL,
     MAX_CONFIRM_ATTEMPTS,
     UNFINISHED,
+    EmailReference,
     VAction,
     VState,
     digest,
     matches,
-    new_token,
 )
 from mailbag.services import outbox as outbox_service
 from mailbag.services.idempotency import Response, execute, fingerprint
@@ -41,8 +47,9 @@ from mailbag.store.schema import email_verifications as ev
 from mailbag.store.verifications import Verification
 
 ACTOR = "api"
-# Fields of the email's data that hold the secret: never shown back through the API.
-SECRET_FIELDS = ["token", "link"]
+# How often a resend that lost a race for its send number starts again (the tenant's send
+# lock makes that rare: only where the database has no row to lock).
+RESEND_TRIES = 3
 
 
 class VerificationError(Exception):
@@ -59,6 +66,13 @@ class RateLimited(VerificationError):
     def __init__(self, retry_after: int, scope: str) -> None:
         self.retry_after, self.scope = retry_after, scope
         super().__init__(f"too many verification emails for this {scope}; retry in {retry_after} s")
+
+
+class RotatedMeanwhile(RateLimited):
+    """Another resend rotated the token first; answered 429 with a short Retry-After."""
+
+    def __init__(self) -> None:
+        super().__init__(1, "verification")
 
 
 class NotFound(VerificationError):
@@ -120,18 +134,11 @@ def public(v: Verification) -> dict[str, Any]:
     }
 
 
-def _link(redirect_url: str | None, verification_id: uuid.UUID, token: str) -> str | None:
-    if not redirect_url:
-        return None
-    parts = urlsplit(redirect_url)
-    extra = urlencode({"verification_id": str(verification_id), "token": token})
-    query = f"{parts.query}&{extra}" if parts.query else extra
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
-
-
 class Verifications:
     def __init__(self, engine: AsyncEngine, dialect: Dialect, settings: Settings) -> None:
         self.engine, self.dialect, self.settings = engine, dialect, settings
+        # Raises MissingSecretKey now, so an API without the key refuses to start.
+        self.tokens = settings.verification_tokens
 
     @property
     def ttl(self) -> timedelta:
@@ -144,6 +151,7 @@ class Verifications:
 
         async def work(conn: AsyncConnection) -> Response:
             email = request.email
+            await run_async(conn, store.lock_sends(tenant_id))
             await run_async(
                 conn,
                 store.transition(
@@ -207,6 +215,7 @@ class Verifications:
         operation = f"POST /v1/email-verifications/{verification_id}/resend"
 
         async def work(conn: AsyncConnection) -> Response:
+            await run_async(conn, store.lock_sends(tenant_id))
             v = await self._fresh(conn, tenant_id, verification_id, now)
             if v.state in FINAL:
                 raise AlreadyFinished(v.state)
@@ -224,6 +233,21 @@ class Verifications:
             sent = await self._send(conn, v, {}, now, VAction.RESEND)
             return Response(200, public(sent), str(sent.id))
 
+        for _ in range(RESEND_TRIES - 1):
+            try:
+                return await self._execute(tenant_id, key, operation, now, work)
+            except RotatedMeanwhile:
+                continue  # everything it wrote was rolled back: read again, rotate again
+        return await self._execute(tenant_id, key, operation, now, work)
+
+    async def _execute(
+        self,
+        tenant_id: str,
+        key: str,
+        operation: str,
+        now: datetime,
+        work: Callable[[AsyncConnection], Awaitable[Response]],
+    ) -> Response:
         return await execute(
             self.engine,
             tenant_id=tenant_id,
@@ -243,9 +267,13 @@ class Verifications:
         now: datetime,
         action: VAction,
     ) -> Verification:
-        """Rotate the token, enqueue its email and move the verification to send_pending."""
-        token = new_token()
+        """Rotate the token, enqueue its email and move the verification to send_pending.
+
+        The email stores only which send it is; its token is derived again when it is
+        rendered. Raises RotatedMeanwhile if another transaction rotated since `v` was read.
+        """
         send_number = v.send_count + 1
+        reference = EmailReference(v.id, send_number, v.redirect_url)
         message = new_message(
             to=v.email,
             template=v.template_name,
@@ -254,25 +282,24 @@ class Verifications:
             data={
                 **data,
                 "email": v.email,
-                "token": token,
-                "link": _link(v.redirect_url, v.id, token),
                 "expires_at": v.expires_at.strftime("%Y-%m-%d %H:%M UTC"),
             },
-            metadata={"verification_id": str(v.id), "secret_fields": SECRET_FIELDS},
+            metadata=reference.metadata(),
         )
         (enqueued,) = await outbox_service.enqueue_many_async(
             conn, [message], max_attempts=self.settings.max_attempts, actor=ACTOR, now=now
         )
-        (moved,) = await run_async(
+        rotated = await run_async(
             conn,
             store.transition(
                 self.dialect,
                 action,
-                where=ev.c.id == v.id,
+                # Only from the send number read: two rotations can never both apply.
+                where=and_(ev.c.id == v.id, ev.c.send_count == v.send_count),
                 now=now,
                 actor=ACTOR,
                 values={
-                    "token_digest": digest(token),
+                    "token_digest": digest(self.tokens.token(v.id, send_number)),
                     "message_id": enqueued.message.id,
                     "send_count": send_number,
                     "confirm_attempts": 0,
@@ -280,6 +307,9 @@ class Verifications:
                 detail=f"email {send_number} enqueued",
             ),
         )
+        if not rotated:
+            raise RotatedMeanwhile()
+        (moved,) = rotated
         if enqueued.message.status == Status.FAILED:
             # A suppressed address: the outbox failed the email at once; so does this.
             (moved,) = await run_async(
@@ -321,7 +351,7 @@ class Verifications:
         if v is None:
             raise NotFound(str(verification_id))
         if v.state in UNFINISHED and v.expires_at <= now:
-            (v,) = await run_async(
+            expired = await run_async(
                 conn,
                 store.transition(
                     self.dialect,
@@ -332,6 +362,9 @@ class Verifications:
                     detail="token expired",
                 ),
             )
+            # Nothing moved: another request finished it meanwhile; read what it did.
+            v = expired[0] if expired else await run_async(conn, store.get(v.id, tenant_id))
+            assert v is not None  # rows are never deleted while their tenant's requests run
         return v
 
     async def get(
@@ -372,7 +405,15 @@ class Verifications:
                 )
                 if moved:
                     return moved[0]
-                raise Locked(str(v.id))  # another request used up the attempts meanwhile
+                # Another request changed it meanwhile: a resend rotated the token (this
+                # one is now wrong), a confirmation won, or wrong tokens used up the tries.
+                latest = await run_async(conn, store.get(v.id, tenant_id))
+                assert latest is not None
+                if latest.state is VState.VERIFIED and matches(token, latest.token_digest):
+                    return latest
+                if latest.token_digest != v.token_digest:
+                    raise WrongToken(max(0, MAX_CONFIRM_ATTEMPTS - latest.confirm_attempts))
+                raise Locked(str(v.id))
             # A wrong token: count it, committed, before answering.
             await run_async(conn, store.count_wrong_token(v.id, now))
         raise WrongToken(max(0, MAX_CONFIRM_ATTEMPTS - v.confirm_attempts - 1))

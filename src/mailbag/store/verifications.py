@@ -26,7 +26,7 @@ from mailbag.store.database import Dialect
 from mailbag.store.outbox import Changed
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import email_verifications as ev
-from mailbag.store.schema import verification_events, verification_sends
+from mailbag.store.schema import tenants, verification_events, verification_sends
 from mailbag.store.transition import guarded_update
 
 
@@ -178,6 +178,22 @@ def events(verification_id: uuid.UUID) -> Plan[list[Row[Any]]]:
         .order_by(verification_events.c.id)
     )
     return list((yield Step(query)).all())
+
+
+def lock_sends(tenant_id: str) -> Plan[None]:
+    """Hold the tenant's verification-send lock until the transaction ends.
+
+    Every verification request and resend takes it before it reads anything, so the send
+    limits (per address and per tenant) are counted and spent by one transaction at a time
+    and a resend always rotates from the newest send. The lock is the tenant's row: FOR NO
+    KEY UPDATE on PostgreSQL (it blocks no foreign-key check), FOR UPDATE on MariaDB/MySQL;
+    other reads of the row never wait. SQLite needs none: BEGIN IMMEDIATE already runs its
+    writers one at a time. The sends of one tenant queue behind each other, which the
+    tenant's own hourly limit keeps far below what one row lock can pass.
+    """
+    yield Step(
+        select(tenants.c.id).where(tenants.c.id == tenant_id).with_for_update(key_share=True)
+    )
 
 
 def record_send(
