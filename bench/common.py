@@ -27,6 +27,8 @@ from mailbag.store.database import READ_ONLY, dialect_of, make_engine
 from mailbag.store.plan import run, run_async
 
 ROOT = Path(__file__).resolve().parents[1]
+# Processes on a database server refuse to start without a deployment key; all share this.
+BENCH_SECRET_KEY = "bench-secret-key-not-for-production-0123456789"
 PG_BASE = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 MYSQL_BASE = os.environ.get("BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 
@@ -116,6 +118,7 @@ def worker_env(db: Database, sink_dir: Path, **settings: Any) -> dict[str, str]:
             "MAILBAG_DATABASE_URL": db.url,
             "MAILBAG_PROVIDER": "sink",
             "MAILBAG_LOG_LEVEL": "WARNING",
+            "MAILBAG_SECRET_KEY": BENCH_SECRET_KEY,
             "BENCH_SINK_DIR": str(sink_dir),
             "PYTHONPATH": str(ROOT),
         }

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import ROOT, free_port, scratch_database
+from bench.common import BENCH_SECRET_KEY, ROOT, free_port, scratch_database
 from mailbag.domain.message import new_message
 from mailbag.services.outbox import enqueue, enqueue_many
 from mailbag.services.tenants import create_tenant
@@ -90,6 +90,7 @@ def http(kind: str, n: int, parallel: int = 32) -> dict[str, Any]:
         env = {
             "MAILBAG_DATABASE_URL": db.url,
             "MAILBAG_LOG_LEVEL": "WARNING",
+            "MAILBAG_SECRET_KEY": BENCH_SECRET_KEY,
             "PYTHONPATH": str(ROOT),
             "PATH": "/usr/bin:/bin",
         }

@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import uvicorn
 
+from api_helpers import TEST_SECRET_KEY
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -59,6 +61,8 @@ def mailbag_env(database_url: str, **settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAILBAG_")}
     env["MAILBAG_DATABASE_URL"] = database_url
     env.setdefault("MAILBAG_LOG_LEVEL", "WARNING")
+    # API and worker processes on a database server refuse to start without the key.
+    env.setdefault("MAILBAG_SECRET_KEY", TEST_SECRET_KEY)
     env.update({f"MAILBAG_{k.upper()}": v for k, v in settings.items()})
     return env
 
