@@ -6,18 +6,21 @@ attempt and receivers, providers and reconciliation can all match it.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from email.headerregistry import Address
 from email.message import EmailMessage
+from email.parser import BytesParser
 from email.policy import SMTP
 from email.utils import format_datetime
 from functools import cached_property
 from typing import Any
 
-from mailbag.domain.message import Message
+from mailbag.domain.message import STRUCTURED_HEADERS, Message, ascii_domain
 from mailbag.templates import Catalog
 
 MESSAGE_ID_HEADER = "X-Mailbag-Message-ID"
@@ -34,6 +37,11 @@ def message_id_from_rfc(value: str) -> uuid.UUID | None:
         return uuid.UUID(local)
     except ValueError:
         return None
+
+
+class NeedsSMTPUTF8(ValueError):
+    """An address has a non-ASCII local part: only an SMTPUTF8 (RFC 6532) message can carry
+    it, and the caller asked for plain ASCII MIME."""
 
 
 @dataclass(frozen=True)
@@ -61,25 +69,65 @@ class OutgoingEmail:
         it, a new attempt or an operator's requeue gets a new one."""
         return f"mailbag-{self.message_id}-{self.attempt}"
 
-    @cached_property
-    def mime(self) -> EmailMessage:
-        """The complete MIME message; built on first use, as JSON-API providers never need it."""
-        mime = EmailMessage(policy=SMTP)
-        mime["From"] = _address(self.from_email, self.from_name)
-        mime["To"] = _address(self.to_email, self.to_name)
-        mime["Subject"] = self.subject
-        mime["Date"] = format_datetime(self.date)
-        mime["Message-ID"] = self.rfc_message_id
-        mime[MESSAGE_ID_HEADER] = str(self.message_id)
-        for name, value in self.headers.items():
-            mime[name] = value
-        mime.set_content(self.text, subtype="plain", cte="quoted-printable")
-        mime.add_alternative(self.html, subtype="html", cte="quoted-printable")
-        return mime
+    @property
+    def needs_smtputf8(self) -> bool:
+        """An address's local part is not ASCII: only SMTPUTF8 can carry this email."""
+        return not (
+            self.from_email.rpartition("@")[0].isascii()
+            and self.to_email.rpartition("@")[0].isascii()
+        )
 
     @cached_property
     def raw(self) -> bytes:
-        return self.mime.as_bytes(policy=SMTP)
+        """The complete message as ASCII MIME with CRLF line endings. Raises NeedsSMTPUTF8
+        when an address cannot be written in ASCII (see `raw_utf8`)."""
+        return self._build(utf8=False)
+
+    @cached_property
+    def raw_utf8(self) -> bytes:
+        """The message for an SMTPUTF8 transaction: addresses in UTF-8 (RFC 6532), the rest
+        exactly as in `raw`."""
+        return self._build(utf8=True)
+
+    @cached_property
+    def mime(self) -> EmailMessage:
+        """The message parsed back, for reading its headers (previews, tests)."""
+        raw = self.raw_utf8 if self.needs_smtputf8 else self.raw
+        message: EmailMessage = BytesParser(policy=SMTP).parsebytes(raw)
+        return message
+
+    def _build(self, *, utf8: bool) -> bytes:
+        """MIME written out directly: every header from user text is encoded by `_text` or
+        `_mailbox` so that decoding it gives that text back exactly (the email package's
+        own header classes decode encoded-words found in their input, which let a subject
+        of `=?utf-8?q?=0D=0A...?=` add headers). A multipart/alternative of text and HTML,
+        both quoted-printable UTF-8."""
+        boundary = f"=_mailbag_{self.message_id.hex}"  # "=_" never occurs in QP content
+        lines = [
+            _mailbox("From", self.from_email, self.from_name, utf8=utf8),
+            _mailbox("To", self.to_email, self.to_name, utf8=utf8),
+            _text("Subject", self.subject),
+            f"Date: {format_datetime(self.date)}",
+            f"Message-ID: {self.rfc_message_id}",
+            f"{MESSAGE_ID_HEADER}: {self.message_id}",
+        ]
+        for name, value in self.headers.items():
+            structured = name.lower() in STRUCTURED_HEADERS
+            lines.append(_literal(name, value) if structured else _text(name, value))
+        lines += [
+            "MIME-Version: 1.0",
+            f'Content-Type: multipart/alternative; boundary="{boundary}"',
+            "",
+        ]
+        head = "\r\n".join(lines).encode("utf-8" if utf8 else "ascii")
+        return b"".join(
+            [
+                head,
+                _part(boundary, "plain", self.text),
+                _part(boundary, "html", self.html),
+                f"\r\n--{boundary}--\r\n".encode("ascii"),
+            ]
+        )
 
 
 def compose(
@@ -118,7 +166,113 @@ def compose(
     )
 
 
-def _address(email: str, name: str | None) -> Address:
-    local, _, domain = email.rpartition("@")
+# --- writing headers ------------------------------------------------------------------
+#
+# Text goes out literally only when every decoder reads it back the same: printable ASCII
+# words with single spaces, nothing that looks like an encoded-word. Anything else is
+# written as RFC 2047 encoded-words, all of it, so that decoding yields exactly the input
+# (whitespace between adjacent encoded-words is not part of the text).
+
+LINE_SOFT_MAX = 78  # RFC 5322: lines SHOULD be at most 78 characters
+LINE_HARD_MAX = 998  # ... and MUST be at most 998
+ENCODED_WORD_MAX = 75  # RFC 2047
+_WORD_OVERHEAD = len("=?utf-8?q??=")
+_PLAIN = re.compile(r"[!-~]+(?: [!-~]+)*")
+# Q-encoding may leave these as they are even inside a phrase (RFC 2047 section 5 (3)).
+_Q_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!*+-/")
+
+
+def _is_plain(value: str) -> bool:
+    return "=?" not in value and _PLAIN.fullmatch(value) is not None
+
+
+def _fold(name: str, tokens: Sequence[str]) -> str:
+    """`Name: token token ...`, a line break (CRLF + the separating space) wherever the next
+    token would pass 78 characters. Unfolding removes only the CRLF."""
+    out, line = [f"{name}:"], len(name) + 1
+    for token in tokens:
+        if line + 1 + len(token) > LINE_SOFT_MAX and len(out) > 1:
+            out.append("\r\n")
+            line = 0
+        out.append(" " + token)
+        line += 1 + len(token)
+    return "".join(out)
+
+
+def _text(name: str, value: str) -> str:
+    """An unstructured header (Subject, a custom X- header) that decodes to `value`."""
+    words = value.split(" ")
+    if _is_plain(value) and len(name) + 2 + max(len(w) for w in words) <= LINE_HARD_MAX:
+        return _fold(name, words)
+    return _fold(name, _encoded_words(value, first_line=len(name) + 2))
+
+
+def _literal(name: str, value: str) -> str:
+    """A structured header the caller wrote in its wire form (ASCII, checked at enqueue)."""
+    return _fold(name, value.split(" ")) if _is_plain(value) else f"{name}: {value}"
+
+
+def _mailbox(name: str, address: str, display_name: str | None, *, utf8: bool) -> str:
+    local, _, domain = address.rpartition("@")
+    if not local.isascii() and not utf8:
+        raise NeedsSMTPUTF8(f"{address!r} has a non-ASCII local part; it needs SMTPUTF8")
     # Headers carry internationalized domains in their ASCII (IDNA) form.
-    return Address(display_name=name or "", username=local, domain=domain.encode("idna").decode())
+    addr_spec = f"<{local}@{ascii_domain(domain)}>"
+    if not display_name:
+        return _fold(name, [addr_spec])
+    if _is_plain(display_name):
+        quoted = '"' + display_name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if len(name) + 2 + len(quoted) + 1 + len(addr_spec) <= LINE_SOFT_MAX:
+            return _fold(name, [quoted, addr_spec])
+    return _fold(name, [*_encoded_words(display_name, first_line=len(name) + 2), addr_spec])
+
+
+def _encoded_words(value: str, *, first_line: int) -> list[str]:
+    """`value` as UTF-8 encoded-words of at most 75 characters each, the first one short
+    enough to follow `first_line` characters within 78 when it can; split between
+    characters (never inside one), Q or B encoding whichever is shorter."""
+    data = value.encode("utf-8")
+    q_length = sum(1 if byte in _Q_SAFE or byte == 0x20 else 3 for byte in data)
+    use_q = q_length <= 4 * -(-len(data) // 3)
+    full = ENCODED_WORD_MAX - _WORD_OVERHEAD
+    room = min(full, LINE_SOFT_MAX - first_line - _WORD_OVERHEAD)
+    if room < 16:  # a very long header name: the first word goes on its long line anyway
+        room = full
+    words: list[str] = []
+    chunk: list[bytes] = []
+    size = 0
+    for char in value:
+        encoded = char.encode("utf-8")
+        if use_q:
+            cost = sum(1 if byte in _Q_SAFE or byte == 0x20 else 3 for byte in encoded)
+            fits = size + cost <= room
+        else:
+            cost = len(encoded)
+            fits = 4 * -(-(size + cost) // 3) <= room
+        if not fits and chunk:
+            words.append(_encoded_word(b"".join(chunk), use_q))
+            chunk, size, room = [], 0, full
+        chunk.append(encoded)
+        size += cost
+    words.append(_encoded_word(b"".join(chunk), use_q))
+    return words
+
+
+def _encoded_word(data: bytes, use_q: bool) -> str:
+    if not use_q:
+        return f"=?utf-8?b?{base64.b64encode(data).decode('ascii')}?="
+    text = "".join(
+        chr(byte) if byte in _Q_SAFE else "_" if byte == 0x20 else f"={byte:02X}" for byte in data
+    )
+    return f"=?utf-8?q?{text}?="
+
+
+def _part(boundary: str, subtype: str, body: str) -> bytes:
+    """One alternative: its headers and its body, quoted-printable UTF-8, CRLF lines."""
+    normalized = body.replace("\r\n", "\n").replace("\r", "\n").encode("utf-8")
+    encoded = binascii.b2a_qp(normalized, quotetabs=False, istext=True, header=False)
+    return (
+        f"\r\n--{boundary}\r\n"
+        f'Content-Type: text/{subtype}; charset="utf-8"\r\n'
+        "Content-Transfer-Encoding: quoted-printable\r\n\r\n"
+    ).encode("ascii") + encoded.replace(b"\n", b"\r\n")

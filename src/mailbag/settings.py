@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 from mailbag import keys
+from mailbag.domain.message import AddressRules
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.verification import TOKEN_PURPOSE, Tokens
 from mailbag.store.database import dialect_of
@@ -54,6 +55,9 @@ class Settings(BaseSettings):
     file_dir: Path = Path("mail")
     from_email: str = "mailbag@localhost"
     from_name: str = "mailbag"
+    # Accept recipients at .test, .example, .invalid and .localhost; unset: only with the
+    # console and file providers, where nothing leaves the machine.
+    allow_test_domains: bool | None = None
     message_id_domain: str | None = None  # right side of Message-ID; default FROM_EMAIL's domain
     templates_dir: Path | None = None
 
@@ -146,6 +150,13 @@ class Settings(BaseSettings):
     def _known_database(cls, value: str) -> str:
         dialect_of(value)  # raises UnsupportedDatabase with a clear message
         return value
+
+    @cached_property
+    def address_rules(self) -> AddressRules:
+        """The addresses enqueue accepts: ALLOW_TEST_DOMAINS and the provider decide."""
+        from mailbag.providers.base import address_rules
+
+        return address_rules(self)
 
     @cached_property
     def retry_policy(self) -> RetryPolicy:

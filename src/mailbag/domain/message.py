@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import idna
 from email_validator import EmailNotValidError, validate_email
 
 # Column limits (the seed design's, plus the ones it left open). The schema uses the same names.
@@ -49,6 +51,48 @@ RESERVED_HEADERS = frozenset(
 )
 
 
+# Custom headers with a structure of their own (addresses, message ids, URLs): the caller
+# writes their wire form, which goes out as given, so it must be printable ASCII. Any other
+# header is unstructured text, encoded (RFC 2047) when it needs to be.
+STRUCTURED_HEADERS = frozenset(
+    {
+        "reply-to",
+        "in-reply-to",
+        "references",
+        "list-id",
+        "list-unsubscribe",
+        "list-unsubscribe-post",
+        "list-help",
+        "list-subscribe",
+        "list-post",
+        "list-owner",
+        "list-archive",
+        "auto-submitted",
+        "precedence",
+        "feedback-id",
+    }
+)
+# The top-level domains reserved for tests and documentation (RFC 2606, RFC 6761).
+TEST_DOMAINS = ("test", "example", "invalid", "localhost")
+ALLOW_TEST_DOMAINS_SETTING = "MAILBAG_ALLOW_TEST_DOMAINS"
+
+
+@dataclass(frozen=True)
+class AddressRules:
+    """Which addresses this deployment can send to: the settings and the provider decide.
+
+    The default is what any provider can carry to any real domain. `provider` only names
+    the provider in error texts."""
+
+    allow_test_domains: bool = False
+    utf8_local_part: bool = True
+    provider: str | None = None
+
+
+# For looking addresses up (filters, events): refuse nothing a deployment may have sent to.
+ANY_ADDRESS = AddressRules(allow_test_domains=True, utf8_local_part=True)
+
+
 class InvalidMessage(ValueError):
     """A message that must not be written. `errors` maps each field to what is wrong with it."""
 
@@ -83,11 +127,74 @@ def truncate_error(error: str | None) -> str | None:
     return error[: ERROR_MAX - 1] + "…"
 
 
-def normalize_address(address: str) -> str:
-    """Syntax check and normalization (domain lowercased, IDNA) without any DNS lookup."""
-    if _has_line_break(address):
-        raise EmailNotValidError("contains a line break")
-    return validate_email(address, check_deliverability=False).normalized
+def normalize_address(address: str, rules: AddressRules = AddressRules()) -> str:
+    """Syntax check and normalization (domain lowercased, IDNA) without any DNS lookup,
+    and refusal of what `rules` say cannot be sent (test domains, a UTF-8 local part)."""
+    if (problem := unsafe_text(address, tab=False)) is not None:
+        raise EmailNotValidError(problem)
+    local, at, domain = address.rpartition("@")
+    tld = domain.rpartition(".")[2].lower()
+    if at and tld in TEST_DOMAINS and tld != "example":  # .example is an ordinary name
+        if not rules.allow_test_domains:
+            raise EmailNotValidError(
+                f"the domain is a special-use or reserved name (.{tld}); set "
+                f"{ALLOW_TEST_DOMAINS_SETTING}=true to send to test domains"
+            )
+        # email_validator accepts only .test (test_environment): check the address with the
+        # reserved name swapped for "test", then put it back.
+        checked = validate_email(
+            f"{local}@{domain[: len(domain) - len(tld)]}test",
+            check_deliverability=False,
+            test_environment=True,
+        ).normalized
+        normalized = checked[: -len("test")] + tld
+    else:
+        normalized = validate_email(address, check_deliverability=False).normalized
+    if not rules.utf8_local_part and not normalized.rpartition("@")[0].isascii():
+        carrier = f"the configured provider ({rules.provider})" if rules.provider else "it"
+        raise EmailNotValidError(
+            f"the part before the @-sign is not ASCII, and {carrier} cannot send to such "
+            "addresses (they need SMTPUTF8; the smtp provider can)"
+        )
+    return normalized
+
+
+def ascii_address(address: str) -> str:
+    """The address with its domain in ASCII (IDNA 2008, as email_validator normalizes it),
+    the form headers and most providers' APIs carry. The local part is left as it is."""
+    local, _, domain = address.rpartition("@")
+    return f"{local}@{ascii_domain(domain)}"
+
+
+def ascii_domain(domain: str) -> str:
+    if domain.isascii():
+        return domain
+    try:
+        return idna.encode(domain, uts46=True).decode("ascii")
+    except idna.IDNAError as exc:
+        raise ValueError(f"the domain {domain!r} has no ASCII (IDNA) form: {exc}") from exc
+
+
+def unsafe_text(value: str, *, tab: bool = True) -> str | None:
+    """Why `value` cannot go into a header, or None. Refused: every character that breaks
+    a line somewhere (CR, LF, VT, FF, FS, GS, RS, NEL, LS, PS: `str.splitlines`), the other
+    C0 and C1 controls and DEL (tab only when `tab` is False), and lone surrogates, which
+    no encoding can carry."""
+    for ch in value:
+        if ch == "\t" and tab:
+            continue
+        category = unicodedata.category(ch)
+        if ch in _LINE_BREAKS:
+            return f"must not contain a line break (found U+{ord(ch):04X}; header injection)"
+        if category == "Cc":
+            return f"must not contain control characters (found U+{ord(ch):04X})"
+        if category == "Cs":
+            return f"must be valid Unicode (found a lone surrogate U+{ord(ch):04X})"
+    return None
+
+
+# Everything str.splitlines() breaks at.
+_LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 
 
 def new_message(
@@ -106,8 +213,12 @@ def new_message(
     send_at: datetime | None = None,
     max_attempts: int | None = None,
     known_templates: Collection[str] | None = None,
+    address_rules: AddressRules = AddressRules(),
 ) -> NewMessage:
-    """Validate and normalize every field, reporting all problems at once."""
+    """Validate and normalize every field, reporting all problems at once.
+
+    `address_rules` says what the deployment can send to (see `AddressRules`); the API and
+    the CLI pass the configured provider's."""
     errors: dict[str, str] = {}
 
     def check_text(name: str, value: str | None, limit: int, *, header: bool = True) -> None:
@@ -115,13 +226,17 @@ def new_message(
             return
         if not isinstance(value, str):
             errors[name] = "must be a string"
-        elif header and _has_line_break(value):
-            errors[name] = "must not contain CR, LF or NUL (header injection)"
+        elif header and (problem := unsafe_text(value)) is not None:
+            errors[name] = problem
         elif len(value) > limit:
             errors[name] = f"is {len(value)} characters; the limit is {limit}"
 
-    to_address = _address("to", to, errors)
-    sender = _address("from_address", from_address, errors) if from_address is not None else None
+    to_address = _address("to", to, errors, address_rules)
+    sender = (
+        _address("from_address", from_address, errors, address_rules)
+        if from_address is not None
+        else None
+    )
     check_text("to_name", to_name, NAME_MAX)
     check_text("subject", subject, SUBJECT_MAX)
     check_text("tenant_id", tenant_id, TENANT_ID_MAX)
@@ -167,22 +282,18 @@ def new_message(
     )
 
 
-def _has_line_break(value: str) -> bool:
-    return any(ch in value for ch in "\r\n\x00")
-
-
-def _address(name: str, value: object, errors: dict[str, str]) -> str:
+def _address(name: str, value: object, errors: dict[str, str], rules: AddressRules) -> str:
     if not isinstance(value, str):
         errors[name] = "must be a string"
         return ""
-    if _has_line_break(value):
-        errors[name] = "must not contain CR, LF or NUL (header injection)"
+    if (problem := unsafe_text(value, tab=False)) is not None:
+        errors[name] = problem
         return ""
     if len(value) > ADDRESS_MAX:
         errors[name] = f"is longer than {ADDRESS_MAX} characters"
         return ""
     try:
-        return normalize_address(value)
+        return normalize_address(value, rules)
     except EmailNotValidError as exc:
         errors[name] = f"is not a valid email address: {exc}"
         return ""
@@ -224,8 +335,13 @@ def _headers(headers: Mapping[str, str], errors: dict[str, str]) -> dict[str, st
             errors["headers"] = f"header {key!r} is set by mailbag"
         elif not isinstance(value, str):
             errors["headers"] = f"header {key!r} must have a string value"
-        elif _has_line_break(value):
-            errors["headers"] = f"header {key!r} must not contain CR, LF or NUL"
+        elif (problem := unsafe_text(value)) is not None:
+            errors["headers"] = f"header {key!r} {problem}"
+        elif key.lower() in STRUCTURED_HEADERS and not value.isascii():
+            errors["headers"] = (
+                f"header {key!r} is structured: give its ASCII wire form (RFC 2047 words "
+                "for non-ASCII names, IDNA for domains)"
+            )
         elif len(value) > HEADER_VALUE_MAX:
             errors["headers"] = f"header {key!r} is longer than {HEADER_VALUE_MAX} characters"
         else:
@@ -241,8 +357,16 @@ def _tags(tags: Sequence[str], errors: dict[str, str]) -> list[str]:
         errors["tags"] = f"at most {TAGS_MAX} tags"
         return []
     for tag in tags:
-        if not isinstance(tag, str) or not tag or len(tag) > TAG_MAX or _has_line_break(tag):
-            errors["tags"] = f"each tag is 1 to {TAG_MAX} characters without line breaks"
+        if (
+            not isinstance(tag, str)
+            or not tag
+            or len(tag) > TAG_MAX
+            or unsafe_text(tag, tab=False) is not None
+        ):
+            errors["tags"] = (
+                f"each tag is 1 to {TAG_MAX} characters without line breaks or control "
+                "characters"
+            )
             return []
     return list(dict.fromkeys(tags))
 

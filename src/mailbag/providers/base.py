@@ -16,12 +16,21 @@ Then set MAILBAG_PROVIDER=postmark.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, get_type_hints, runtime_checkable
 
 from mailbag.compose import OutgoingEmail
 from mailbag.domain.delivery import SendOutcome
+from mailbag.domain.message import AddressRules
+
+if TYPE_CHECKING:
+    from mailbag.settings import Settings
+
+# With these providers nothing leaves the machine: test domains are fine by default.
+LOCAL_PROVIDERS = frozenset({"console", "file"})
 
 
 @runtime_checkable
@@ -32,6 +41,10 @@ class Provider(Protocol):
     # How long the provider deduplicates by `OutgoingEmail.idempotency_key`; None if it
     # does not, in which case an ambiguous send can never be retried safely.
     idempotency_window: timedelta | None
+    # Optional (a provider without it is taken not to): whether it can send to an address
+    # whose local part is not ASCII (`zoë@example.com`, SMTPUTF8). Enqueue refuses such
+    # addresses when the configured provider cannot; see `capabilities`.
+    # supports_utf8_local_part: bool
 
     async def send(self, email: OutgoingEmail) -> SendOutcome: ...
 
@@ -40,6 +53,49 @@ class Provider(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """One record a provider's lookup returned: the provider's id for a send, and whose it
+    is as far as the record itself says (our message id, the recipient), so reconciliation
+    can refuse a record that is not the message's own."""
+
+    provider_message_id: str
+    message_id: uuid.UUID | None
+    recipient: str | None
+
+
+def supports_utf8_local_part(provider: object) -> bool:
+    """A provider (class or instance) declares `supports_utf8_local_part`; unknown: no."""
+    return bool(getattr(provider, "supports_utf8_local_part", False))
+
+
+def address_rules(settings: Settings) -> AddressRules:
+    """What enqueue accepts as an address with these settings: test domains as
+    ALLOW_TEST_DOMAINS says (unset: only with a local provider), a non-ASCII local part
+    only if the configured provider declares it can carry one. The provider is not
+    created: its class is read from its factory's return annotation (or the factory
+    itself carries the attribute)."""
+    from mailbag import providers  # the registry imports this module
+
+    allow = settings.allow_test_domains
+    if allow is None:
+        allow = settings.provider in LOCAL_PROVIDERS
+    try:
+        factory = providers.factory_for(settings.provider)
+    except providers.UnknownProvider:
+        declared: object = None
+    else:
+        try:
+            declared = get_type_hints(factory).get("return", factory)
+        except Exception:  # an annotation that does not resolve: ask the factory itself
+            declared = factory
+    return AddressRules(
+        allow_test_domains=allow,
+        utf8_local_part=supports_utf8_local_part(declared),
+        provider=settings.provider,
+    )
 
 
 class SendOneByOne:

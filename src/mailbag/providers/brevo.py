@@ -27,10 +27,11 @@ from typing import Any, Final, TypeVar
 
 import httpx
 
-from mailbag.compose import MESSAGE_ID_HEADER, OutgoingEmail
+from mailbag.compose import MESSAGE_ID_HEADER, NeedsSMTPUTF8, OutgoingEmail, message_id_from_rfc
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
-from mailbag.domain.message import Message
+from mailbag.domain.message import Message, ascii_address
 from mailbag.providers import register
+from mailbag.providers.base import Sighting
 from mailbag.settings import Settings
 
 SEND_PATH: Final = "/v3/smtp/email"
@@ -132,7 +133,13 @@ def brevo_idempotency_key(email: OutgoingEmail) -> str:
 
 
 def _address(address: str, name: str | None) -> dict[str, str]:
-    return {"email": address, "name": name} if name else {"email": address}
+    """A Brevo address object. Brevo's schema wants `format: email`: an IDN domain goes in
+    its ASCII (punycode) form; a non-ASCII local part it cannot carry at all (enqueue
+    refuses it for this provider, see `supports_utf8_local_part`)."""
+    if not address.rpartition("@")[0].isascii():
+        raise NeedsSMTPUTF8(f"{address!r}: Brevo cannot send to a non-ASCII local part")
+    email = ascii_address(address)
+    return {"email": email, "name": name} if name else {"email": email}
 
 
 def single_payload(email: OutgoingEmail) -> dict[str, Any]:
@@ -225,6 +232,7 @@ class BrevoProvider:
     name = "brevo"
     max_batch_size = MAX_VERSIONS_PER_CALL
     idempotency_window: timedelta | None = IDEMPOTENCY_WINDOW
+    supports_utf8_local_part = False  # its schema's `format: email` is ASCII only
 
     def __init__(
         self,
@@ -256,7 +264,11 @@ class BrevoProvider:
     async def send(self, email: OutgoingEmail) -> SendOutcome:
         if self._api_key is None:
             return Disabled("BREVO_API_KEY is not set")
-        answer = await self._post(single_payload(email))
+        try:
+            payload = single_payload(email)
+        except ValueError as exc:  # nothing Brevo could take: an address it cannot carry
+            return Rejected(f"cannot build the Brevo request: {exc}")
+        answer = await self._post(payload)
         return self._outcomes(answer, count=1, keyed=True)[0]
 
     async def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[SendOutcome]:
@@ -285,7 +297,11 @@ class BrevoProvider:
     async def _send_call(self, emails: Sequence[OutgoingEmail]) -> list[SendOutcome]:
         if len(emails) == 1:  # a single send carries a key: strictly safer
             return [await self.send(emails[0])]
-        answer = await self._post(batch_payload(emails))
+        try:
+            payload = batch_payload(emails)
+        except ValueError:  # one email Brevo cannot carry: send each alone, only it fails
+            return list(await asyncio.gather(*(self.send(email) for email in emails)))
+        answer = await self._post(payload)
         if answer.status == 400:
             # One bad version fails the whole call and nothing is sent: send each email on
             # its own (keyed) so only the bad one fails.
@@ -388,18 +404,19 @@ class BrevoProvider:
             found = [record for record in found if tag in (record.get("tags") or [])]
         return found
 
-    async def find_sent(self, message: Message, rfc_message_id: str) -> str | None:
-        """Brevo's message id for one of our messages, if Brevo has a record of sending it.
+    async def find_sent(self, message: Message, rfc_message_id: str) -> list[Sighting]:
+        """Brevo's records that may be of one of our messages, each saying whose it is.
 
         Looks by recipient and our per-message tag (single sends carry it), then by our
-        Message-ID in case Brevo kept it. Raises BrevoLookupError when Brevo cannot say."""
-        found = await self.lookup(email=message.to_address, tag=lookup_tag(message.id))
+        Message-ID in case Brevo kept it. Which message a record belongs to comes from the
+        record itself (its tag, or its message id); reconciliation settles a message only
+        from a record of its own. Raises BrevoLookupError when Brevo cannot say."""
+        found = await self.lookup(
+            email=ascii_address(message.to_address), tag=lookup_tag(message.id)
+        )
         if not found:
             found = await self.lookup(message_id=rfc_message_id)
-        for record in found:
-            if record.get("messageId"):
-                return str(record["messageId"])
-        return None
+        return [sighting for record in found if (sighting := _sighting(record)) is not None]
 
     async def _lookup_page(self, query: Mapping[str, str | int]) -> list[dict[str, Any]]:
         assert self._api_key is not None
@@ -427,6 +444,30 @@ class BrevoProvider:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _sighting(record: Mapping[str, Any]) -> Sighting | None:
+    """What one of Brevo's records proves: which of our messages it is (from our tag on it,
+    else from our Message-ID if Brevo kept it), sent to whom, under which Brevo id."""
+    provider_id = record.get("messageId")
+    if not isinstance(provider_id, str) or not provider_id:
+        return None
+    ours: uuid.UUID | None = None
+    for tag in record.get("tags") or []:
+        if isinstance(tag, str) and tag.startswith("mailbag-"):
+            try:
+                ours = uuid.UUID(tag.removeprefix("mailbag-"))
+            except ValueError:
+                continue
+            break
+    if ours is None:
+        ours = message_id_from_rfc(provider_id)
+    recipient = record.get("email")
+    return Sighting(
+        provider_message_id=provider_id,
+        message_id=ours,
+        recipient=recipient if isinstance(recipient, str) else None,
+    )
 
 
 def _message_ids(body: Any, count: int) -> list[str] | None:

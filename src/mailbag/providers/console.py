@@ -18,6 +18,7 @@ class ConsoleProvider(SendOneByOne):
     name = "console"
     max_batch_size = 1
     idempotency_window: timedelta | None = None
+    supports_utf8_local_part = True  # it only prints
 
     def __init__(self, out: TextIO | None = None) -> None:
         self.out = out or sys.stdout

@@ -12,11 +12,10 @@ import asyncio
 import os
 import tempfile
 from datetime import timedelta
-from email import policy
 from pathlib import Path
 
 from mailbag.compose import OutgoingEmail
-from mailbag.domain.delivery import Accepted, Deferred, SendOutcome
+from mailbag.domain.delivery import Accepted, Deferred, Rejected, SendOutcome
 from mailbag.providers import register
 from mailbag.providers.base import SendOneByOne
 from mailbag.settings import Settings
@@ -26,6 +25,7 @@ class FileProvider(SendOneByOne):
     name = "file"
     max_batch_size = 1
     idempotency_window: timedelta | None = None
+    supports_utf8_local_part = True  # an .eml file can hold RFC 6532 headers
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -38,6 +38,8 @@ class FileProvider(SendOneByOne):
             path = await asyncio.to_thread(self._write, email)
         except OSError as exc:  # a full disk or a missing permission: nothing was written
             return Deferred(f"cannot write to {self.folder}: {exc}")
+        except ValueError as exc:  # text no MIME can carry (a lone surrogate, a bad domain)
+            return Rejected(f"cannot build the email: {exc}")
         return Accepted(path.name)
 
     def _write(self, email: OutgoingEmail) -> Path:
@@ -47,7 +49,8 @@ class FileProvider(SendOneByOne):
         try:
             with os.fdopen(descriptor, "wb") as handle:
                 # Local line endings: the file is for people and tools, not an SMTP wire.
-                handle.write(email.mime.as_bytes(policy=policy.default))
+                raw = email.raw_utf8 if email.needs_smtputf8 else email.raw
+                handle.write(raw.replace(b"\r\n", b"\n"))
             os.replace(temporary, final)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)

@@ -43,7 +43,7 @@ from botocore.exceptions import (
     SSLError,
 )
 
-from mailbag.compose import OutgoingEmail
+from mailbag.compose import NeedsSMTPUTF8, OutgoingEmail
 from mailbag.domain.delivery import (
     Accepted,
     Ambiguous,
@@ -52,6 +52,7 @@ from mailbag.domain.delivery import (
     Rejected,
     SendOutcome,
 )
+from mailbag.domain.message import ascii_address
 from mailbag.providers import register
 from mailbag.providers.base import SendOneByOne
 from mailbag.settings import Settings
@@ -197,14 +198,18 @@ def _retry_after(headers: Mapping[str, str]) -> timedelta | None:
 
 
 def _envelope_address(address: str) -> str:
-    """SES wants the domain of envelope addresses in its ASCII (IDNA) form."""
-    local, _, domain = address.rpartition("@")
-    return f"{local}@{domain.encode('idna').decode('ascii')}"
+    """SES wants envelope addresses in ASCII: the domain in IDNA form, and no UTF-8 local
+    part, which SES does not support (enqueue refuses it for this provider; see
+    `supports_utf8_local_part`)."""
+    if not address.rpartition("@")[0].isascii():
+        raise NeedsSMTPUTF8(f"{address!r}: SES cannot send to a non-ASCII local part")
+    return ascii_address(address)
 
 
 class SESProvider(SendOneByOne):
     name = "ses"
     max_batch_size = 1  # SES has no call that sends several distinct raw messages
+    supports_utf8_local_part = False  # SES documents no SMTPUTF8 support
     idempotency_window: timedelta | None = None  # no idempotency key: ambiguous means unknown
 
     def __init__(

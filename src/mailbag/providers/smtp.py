@@ -36,7 +36,6 @@ import socket
 import ssl
 from dataclasses import dataclass
 from datetime import timedelta
-from email.policy import SMTPUTF8
 from typing import Final, NamedTuple
 
 from aiosmtplib import (
@@ -49,6 +48,7 @@ from aiosmtplib import (
 
 from mailbag.compose import OutgoingEmail
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
+from mailbag.domain.message import ascii_domain
 from mailbag.providers import register
 from mailbag.providers.base import SendOneByOne
 from mailbag.settings import Settings
@@ -234,7 +234,7 @@ class Envelope:
         recipient, recipient_utf8 = _envelope_address(email.to_email)
         needs_smtputf8 = sender_utf8 or recipient_utf8
         # An internationalized mailbox must appear in the headers as UTF-8 too (RFC 6532).
-        content = email.mime.as_bytes(policy=SMTPUTF8) if needs_smtputf8 else email.raw
+        content = email.raw_utf8 if needs_smtputf8 else email.raw
         return cls(sender, recipient, _dot_stuffed(content), needs_smtputf8)
 
 
@@ -248,6 +248,7 @@ class Connection:
 class SMTPProvider(SendOneByOne):
     name = "smtp"
     max_batch_size = 1
+    supports_utf8_local_part = True  # with SMTPUTF8, when the server offers it
     idempotency_window: timedelta | None = None  # SMTP has no idempotency key
 
     def __init__(self, settings: Settings) -> None:
@@ -540,8 +541,7 @@ def _envelope_address(address: str) -> tuple[str, bool]:
     local, at, domain = address.rpartition("@")
     if not at or not local or not domain:
         raise ValueError(f"not an email address: {address!r}")
-    ascii_domain = domain.encode("idna").decode("ascii")
-    return f"{local}@{ascii_domain}", not local.isascii()
+    return f"{local}@{ascii_domain(domain)}", not local.isascii()
 
 
 def _dot_stuffed(content: bytes) -> bytes:

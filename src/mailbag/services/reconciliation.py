@@ -21,8 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from mailbag import log, metrics
 from mailbag.compose import rfc_message_id
 from mailbag.domain.events import EventKind, ProviderEvent, kind_proves_acceptance, suppresses
-from mailbag.domain.message import Message
+from mailbag.domain.message import Message, ascii_address
 from mailbag.domain.states import Status
+from mailbag.providers.base import Sighting
 from mailbag.store import events as event_store
 from mailbag.store import outbox as store
 from mailbag.store import suppressions as suppression_store
@@ -38,9 +39,24 @@ ACTOR = "reconciler"
 class FindsSent(Protocol):
     """A provider that can say whether it has a record of sending a message."""
 
-    async def find_sent(self, message: Message, rfc_message_id: str) -> str | None:
-        """The provider's message id if it sent this message, else None."""
+    async def find_sent(self, message: Message, rfc_message_id: str) -> Sequence[Sighting]:
+        """The provider's records that may be of this message, each saying whose it is.
+        Only a record of this very message (see `own_sighting`) settles it."""
         ...
+
+
+def own_sighting(message: Message, sightings: Sequence[Sighting]) -> Sighting | None:
+    """The first record that is this message's own: it names this message's id and, when
+    it names a recipient, this message's recipient. A lookup by recipient or by
+    Message-ID can return other messages' records; they prove nothing about this one."""
+    recipient = ascii_address(message.to_address).casefold()
+    for sighting in sightings:
+        if sighting.message_id != message.id:
+            continue
+        if sighting.recipient is not None and sighting.recipient.casefold() != recipient:
+            continue
+        return sighting
+    return None
 
 
 @dataclass
@@ -185,14 +201,22 @@ class Reconciler:
                 return ("resolved_sent" if found[0] else "resolved_failed") if settled else "gone"
         if isinstance(self.provider, FindsSent):
             try:
-                provider_id = await self.provider.find_sent(
+                sightings = await self.provider.find_sent(
                     message, rfc_message_id(message.id, domain)
                 )
             except Exception as exc:  # a lookup failure is no evidence either way
                 self.log.warning(
                     "provider_lookup_failed", message_id=str(message.id), error=type(exc).__name__
                 )
-                provider_id = None
+                sightings = []
+            own = own_sighting(message, sightings)
+            if own is None and sightings:
+                self.log.warning(
+                    "provider_lookup_found_only_others",
+                    message_id=str(message.id),
+                    records=len(sightings),
+                )
+            provider_id = own.provider_message_id if own is not None else None
             if provider_id is not None:
                 async with self.engine.begin() as conn:
                     settled = await _settle(
