@@ -1,12 +1,17 @@
-"""Request and response bodies. Requests forbid unknown fields: a typo is an error."""
+"""Request and response bodies. Requests forbid unknown fields: a typo is an error, and
+every value in them must be storable as given (domain.storable): what passes here is never
+refused by the database."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
+from pydantic.functional_validators import AfterValidator
+from pydantic_core import PydanticCustomError
 
+from mailbag.domain import storable
 from mailbag.domain.message import (
     ADDRESS_MAX,
     NAME_MAX,
@@ -17,9 +22,38 @@ from mailbag.domain.message import (
 from mailbag.domain.states import Status
 from mailbag.domain.verification import VState
 
+# The length of email_verifications.redirect_url (a test holds the two together).
+REDIRECT_URL_MAX = 2000
+
 
 class Strict(BaseModel):
+    """A request body: no unknown fields, and nothing in any field the database would refuse."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        # One rule for every field of every request body, nested values and keys included.
+        try:
+            storable.check(value)
+        except storable.Unstorable as exc:
+            raise PydanticCustomError(exc.kind, str(exc)) from None
+        return value
+
+
+def _fits_column(url: AnyHttpUrl) -> AnyHttpUrl:
+    # Checked after normalization: punycode and percent-encoding can lengthen a URL.
+    if len(str(url)) > REDIRECT_URL_MAX:
+        raise PydanticCustomError(
+            "url_too_long",
+            "is longer than {limit} characters once normalized",
+            {"limit": REDIRECT_URL_MAX},
+        )
+    return url
+
+
+RedirectUrl = Annotated[AnyHttpUrl, AfterValidator(_fits_column)]
 
 
 class MessageCreate(Strict):
@@ -80,7 +114,7 @@ class MessagePage(BaseModel):
 class VerificationCreate(Strict):
     email: str = Field(max_length=ADDRESS_MAX)
     template: str = Field("verify-email", max_length=TEMPLATE_NAME_MAX)
-    redirect_url: AnyHttpUrl | None = Field(
+    redirect_url: RedirectUrl | None = Field(
         None, description="Where the email's link points; the token and id are appended."
     )
     data: dict[str, Any] = Field(default_factory=dict, description="Extra template variables.")

@@ -1,0 +1,194 @@
+"""Input at the HTTP boundary, on each database: what validation accepts the database stores,
+what it cannot store is a 422 that writes nothing, and no log line quotes the request."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from api_helpers import api_client, new_tenant
+from mailbag.api import schemas
+from mailbag.domain import storable
+from mailbag.store.schema import (
+    email_verifications,
+    idempotency_records,
+    message_events,
+    outbox_messages,
+)
+
+MARK = "marker-5f2c9e"  # in every bad request's data: it must not reach a log line
+KEY = "idem-key-7b1d40"
+BODY = {"to": "ada@example.com", "template": "welcome", "data": {"name": "Ada", "m": MARK}}
+
+
+def raw(body: dict[str, Any]) -> bytes:
+    # ensure_ascii: lone surrogates and NUL travel as \\udXXX / \\u0000 escapes, as a client sends.
+    return json.dumps(body).encode()
+
+
+def nested(depth: int, leaf: Any = MARK) -> Any:
+    value = leaf
+    for i in range(depth):
+        value = {f"k{i}": value} if i % 2 else [value]
+    return value
+
+
+def counts(db: Any) -> dict[str, int]:
+    with db.engine.connect() as conn:
+        return {
+            table.name: conn.execute(select(func.count()).select_from(table)).scalar_one()
+            for table in (outbox_messages, message_events, idempotency_records, email_verifications)
+        }
+
+
+NOTHING = {
+    "outbox_messages": 0,
+    "message_events": 0,
+    "idempotency_records": 0,
+    "email_verifications": 0,
+}
+
+
+def logged(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> str:
+    out, err = capsys.readouterr()
+    return out + err + caplog.text
+
+
+# Top-level string fields: pydantic itself refuses lone surrogates (string_unicode); inside
+# containers (data, metadata, headers, tags) it does not, so mailbag's own rule must.
+MESSAGE_CASES = {
+    "nul in a data value": ({"data": {"name": "Ada", "note": MARK + "\x00"}}, "unstorable_text"),
+    "nul in a data key": ({"data": {"name": "Ada", MARK + "\x00": 1}}, "unstorable_text"),
+    "lone surrogate in a data value": ({"data": {"name": MARK + "\ud800"}}, "unstorable_text"),
+    "lone surrogate in a metadata key": ({"metadata": {"\udc00" + MARK: 1}}, "unstorable_text"),
+    "nul deep in metadata": ({"metadata": {"a": [{"b": MARK + "\x00"}]}}, "unstorable_text"),
+    "lone surrogate in the subject": ({"subject": "Hi \ud83d"}, "string_unicode"),
+    "lone surrogate in to_name": ({"to_name": "Ada \udfff"}, "string_unicode"),
+    "lone surrogate in a header": ({"headers": {"X-Note": "\udfff"}}, "unstorable_text"),
+    "lone surrogate in a tag": ({"tags": ["ok", "\ud800"]}, "unstorable_text"),
+    "nul in a tag": ({"tags": ["a\x00b"]}, "unstorable_text"),
+    "send_at year 1 with an offset": ({"send_at": "0001-01-01T00:00:00+01:00"}, "unstorable_time"),
+    "send_at year 9999 with an offset": (
+        {"send_at": "9999-12-31T23:59:59-01:00"},
+        "unstorable_time",
+    ),
+    "send_at year 1 in UTC": ({"send_at": "0001-01-01T00:00:00Z"}, "unstorable_time"),
+    "data 300 levels deep": ({"data": {"name": "Ada", "deep": nested(300)}}, "too_deep"),
+    "data one level too deep": (
+        {"data": {"deep": nested(storable.MAX_JSON_DEPTH)}},
+        "too_deep",
+    ),
+    "metadata one level too deep": (
+        {"metadata": {"deep": nested(storable.MAX_JSON_DEPTH)}},
+        "too_deep",
+    ),
+}
+
+
+@pytest.mark.parametrize(("fields", "error"), MESSAGE_CASES.values(), ids=MESSAGE_CASES.keys())
+async def test_a_message_the_database_cannot_store_is_a_422_that_writes_and_logs_nothing(
+    db, capsys, caplog, fields, error
+):
+    _, key = new_tenant(db)
+    body = {**BODY, **fields}
+    async with api_client(db, key) as api:
+        r = await api.post(
+            "/v1/messages",
+            content=raw(body),
+            headers={"content-type": "application/json", "Idempotency-Key": KEY},
+        )
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json()["type"].endswith("/validation-error")
+    assert error in [e["type"] for e in r.json()["errors"]]
+    assert counts(db) == NOTHING
+    logs = logged(capsys, caplog)
+    assert MARK not in logs and KEY not in logs
+
+
+VERIFICATION_CASES = {
+    "a 2,001-character redirect_url": (
+        {"redirect_url": "https://example.com/" + "a" * 1981},
+        "url_too_long",
+    ),
+    "a redirect_url over the limit once percent-encoded": (
+        {"redirect_url": "https://example.com/" + "é" * 1000},
+        "url_too_long",
+    ),
+    "nul in data": ({"data": {"note": MARK + "\x00"}}, "unstorable_text"),
+    "lone surrogate in a data key": ({"data": {MARK + "\ud800": 1}}, "unstorable_text"),
+    "data too deep": ({"data": {"deep": nested(300)}}, "too_deep"),
+}
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"), VERIFICATION_CASES.values(), ids=VERIFICATION_CASES.keys()
+)
+async def test_a_verification_the_database_cannot_store_is_a_422_that_writes_and_logs_nothing(
+    db, capsys, caplog, fields, error
+):
+    _, key = new_tenant(db)
+    body = {"email": "reader@example.com", "data": {"m": MARK}, **fields}
+    async with api_client(db, key) as api:
+        r = await api.post(
+            "/v1/email-verifications",
+            content=raw(body),
+            headers={"content-type": "application/json", "Idempotency-Key": KEY},
+        )
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    assert error in [e["type"] for e in r.json()["errors"]]
+    assert counts(db) == NOTHING
+    logs = logged(capsys, caplog)
+    assert MARK not in logs and KEY not in logs
+
+
+async def test_what_the_rules_accept_is_stored_and_read_back_exactly(db):
+    _, key = new_tenant(db)
+    data = {
+        "name": "Zoë 🎉 \U0001f600",  # astral characters: surrogate *pairs* in JSON
+        "deep": nested(storable.MAX_JSON_DEPTH - 1, "leaf"),
+    }
+    body = {
+        **BODY,
+        "data": data,
+        "metadata": {"ref": "\U0001f4e7"},
+        "subject": "Grüße 😀",
+        "send_at": "9999-12-31T22:59:59-01:00",  # the latest time every database stores
+    }
+    async with api_client(db, key) as api:
+        created = await api.post(
+            "/v1/messages", content=raw(body), headers={"content-type": "application/json"}
+        )
+        assert created.status_code == 201, created.text
+        message_id = created.json()["id"]
+        fetched = await api.get(f"/v1/messages/{message_id}")
+        listed = await api.get("/v1/messages")
+    assert fetched.status_code == 200 and listed.status_code == 200
+    assert fetched.json()["data"] == data
+    assert fetched.json()["subject"] == "Grüße 😀"
+    assert fetched.json()["next_attempt_at"].startswith("9999-12-31T23:59:59")
+    assert [m["data"] for m in listed.json()["items"]] == [data]
+
+
+def test_request_length_limits_fit_the_columns_they_are_stored_in():
+    def limit(model: type[Any], field: str) -> int:
+        (found,) = [
+            m.max_length for m in model.model_fields[field].metadata if hasattr(m, "max_length")
+        ]
+        return int(found)
+
+    pairs = [
+        (schemas.MessageCreate, "to", outbox_messages.c.to_address),
+        (schemas.MessageCreate, "to_name", outbox_messages.c.to_name),
+        (schemas.MessageCreate, "subject", outbox_messages.c.subject),
+        (schemas.MessageCreate, "template", outbox_messages.c.template_name),
+        (schemas.VerificationCreate, "email", email_verifications.c.email),
+        (schemas.VerificationCreate, "template", email_verifications.c.template_name),
+    ]
+    for model, field, column in pairs:
+        assert limit(model, field) <= column.type.length, (model.__name__, field)
+    assert email_verifications.c.redirect_url.type.length == schemas.REDIRECT_URL_MAX
