@@ -96,6 +96,9 @@ class Settings(BaseSettings):
     secret_key: SecretStr | None = None
     admin_password: SecretStr | None = None  # unset: the console is off
     admin_token: SecretStr | None = None  # unset: the admin API is off
+    # Failed console logins / admin tokens per minute before 429 (per API process).
+    auth_failures_per_client: int = Field(5, ge=1)
+    auth_failures_overall: int = Field(50, ge=1)
     brevo_webhook_secret: SecretStr | None = None
     ses_webhook_secret: SecretStr | None = None
     ses_topic_arns: str = ""  # comma-separated SNS topics whose notifications are accepted

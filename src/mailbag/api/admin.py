@@ -5,16 +5,23 @@ Off (404) unless ADMIN_TOKEN is set. Actions are recorded with the actor `operat
 
 from __future__ import annotations
 
-import hmac
 import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, ConfigDict, Field
 
-from mailbag.api.deps import NowDep, ServicesDep, bearer
+from mailbag import log
+from mailbag.api.deps import (
+    NowDep,
+    ServicesDep,
+    bearer,
+    client_address,
+    secret_matches,
+    too_many_attempts,
+)
 from mailbag.api.problems import COMMON, ProblemError, documented
 from mailbag.domain.message import InvalidMessage
 from mailbag.domain.states import Status
@@ -26,13 +33,22 @@ ACTOR = "operator:api"
 
 
 async def admin(
-    svc: ServicesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+    request: Request,
+    svc: ServicesDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> None:
     token = svc.settings.admin_token
     if token is None:
         raise ProblemError(404, "not-found", "Not found", "the admin API is not enabled")
-    offered = credentials.credentials if credentials else ""
-    if not hmac.compare_digest(offered.encode(), token.get_secret_value().encode()):
+    client = client_address(request)
+    wait = svc.admin_token_failures.retry_after(client)
+    if wait is not None:
+        raise too_many_attempts(wait)
+    offered = credentials.credentials if credentials else None
+    if not secret_matches(offered, token):
+        if offered:  # a guess; a request without any token guesses nothing
+            svc.admin_token_failures.failed(client)
+            log.get("mailbag.api").warning("admin_token_rejected", client=client)
         raise ProblemError(
             401,
             "unauthorized",
@@ -43,8 +59,8 @@ async def admin(
 
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(admin)])
-RESPONSES = documented(*COMMON, 404)
-ACTION_RESPONSES = documented(*COMMON, 404, 409)
+RESPONSES = documented(*COMMON, 404, 429)
+ACTION_RESPONSES = documented(*COMMON, 404, 409, 429)
 
 
 class Resolution(BaseModel):

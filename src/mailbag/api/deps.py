@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -10,9 +12,11 @@ from typing import Annotated
 import structlog
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag.api.problems import ProblemError
+from mailbag.api.throttle import FailureThrottle
 from mailbag.clock import Clock
 from mailbag.services import tenants
 from mailbag.services.idempotency import InvalidIdempotencyKey, check_key, key_hash
@@ -57,6 +61,19 @@ class Services:
     operations: Operations
     catalog: Catalog
     known_keys: KeyCache = field(default_factory=lambda: KeyCache())
+    # Wrong console passwords and wrong admin tokens, each limited on its own.
+    login_failures: FailureThrottle = field(init=False)
+    admin_token_failures: FailureThrottle = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.login_failures = self._failure_throttle()
+        self.admin_token_failures = self._failure_throttle()
+
+    def _failure_throttle(self) -> FailureThrottle:
+        return FailureThrottle(
+            per_client=self.settings.auth_failures_per_client,
+            overall=self.settings.auth_failures_overall,
+        )
 
     @property
     def catalog_names(self) -> frozenset[str]:
@@ -70,6 +87,34 @@ async def services(request: Request) -> Services:
 
 async def now(svc: Annotated[Services, Depends(services)]) -> datetime:
     return svc.clock()
+
+
+def secret_matches(offered: str | None, expected: SecretStr | None) -> bool:
+    """Whether a submitted credential is the configured one. An empty or missing one never
+    is, nor is anything when no credential is configured. Digests of equal length are
+    compared in constant time, so the time taken says nothing about the secret's length."""
+    if not offered or expected is None or not expected.get_secret_value():
+        return False
+    return hmac.compare_digest(
+        hashlib.sha256(offered.encode("utf-8", "surrogatepass")).digest(),
+        hashlib.sha256(expected.get_secret_value().encode("utf-8", "surrogatepass")).digest(),
+    )
+
+
+def client_address(request: Request) -> str:
+    """Who is asking, for throttling: the peer address (behind a proxy, run uvicorn with
+    --proxy-headers so this is the real client, not the proxy)."""
+    return request.client.host if request.client else "unknown"
+
+
+def too_many_attempts(retry_after: int) -> ProblemError:
+    return ProblemError(
+        429,
+        "too-many-attempts",
+        "Too many failed attempts",
+        f"too many wrong credentials; try again in {retry_after} s",
+        headers={"Retry-After": str(retry_after)},
+    )
 
 
 bearer = HTTPBearer(auto_error=False, description="The tenant's API key.")

@@ -1,7 +1,14 @@
-"""Who may use the console: the admin password, a signed session cookie, CSRF tokens.
+"""Who may use the console: the admin password, server-side sessions, CSRF tokens.
 
-Nothing is stored on the server. The session lives in a cookie signed with a key derived
-from ADMIN_PASSWORD, so sessions survive a restart and all end when the password changes.
+Cookies are signed with a subkey of the deployment key (`keys.derive(key,
+"console-session")`), never with anything derived from the password: what a visitor is
+given (the login form's signed CSRF token) tells nothing about the password, so guesses can
+only be tried online, where they are throttled.
+
+A logged-in session is a row in `console_sessions`, found by the digest of a random secret
+the cookie carries. Logout deletes the row, which ends the session on every API replica at
+once. Each row also holds a fingerprint of the admin password (an HMAC under the deployment
+key, useless for guessing without that key): a new ADMIN_PASSWORD ends every session.
 """
 
 from __future__ import annotations
@@ -10,10 +17,16 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.requests import Request
 from starlette.responses import Response
+
+from mailbag import keys
+from mailbag.api.deps import Services
+from mailbag.store import console_sessions
+from mailbag.store.plan import run_async
 
 PATH = "/admin"
 SESSION_COOKIE = "mailbag_console"
@@ -25,28 +38,45 @@ FLASH_SECONDS = 60
 @dataclass(frozen=True)
 class Session:
     csrf: str  # sent back in every form; an attacker's page can neither read nor guess it
-    authenticated: bool
+    # The cookie's session secret, set once logged in; its digest names the database row.
+    secret: str | None = None
+
+    @property
+    def authenticated(self) -> bool:
+        return self.secret is not None
 
 
-def _digest(value: str) -> bytes:
-    # Equal-length digests, so compare_digest's time does not depend on the password's length.
-    return hashlib.sha256(value.encode()).digest()
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def services(request: Request) -> Services:
+    found: Services = request.app.state.services
+    return found
 
 
 class Gate:
-    def __init__(self, password: str) -> None:
-        self._password_digest = _digest(password)
-        key = hmac.new(password.encode(), b"mailbag console session key v1", "sha256").digest()
-        self._sessions = URLSafeTimedSerializer(key, salt="mailbag.console.session")
-        self._flashes = URLSafeTimedSerializer(key, salt="mailbag.console.flash")
+    def __init__(self, password: str, key: bytes) -> None:
+        self._fingerprint_key = keys.derive(key, "console-password")
+        self._password_fingerprint = self.fingerprint(password)
+        signing_key = keys.derive(key, "console-session")
+        self._sessions = URLSafeTimedSerializer(signing_key, salt="mailbag.console.session")
+        self._flashes = URLSafeTimedSerializer(signing_key, salt="mailbag.console.flash")
 
-    def password_matches(self, submitted: str) -> bool:
-        return hmac.compare_digest(_digest(submitted), self._password_digest)
+    def fingerprint(self, password: str) -> str:
+        value = password.encode("utf-8", "surrogatepass")
+        return hmac.new(self._fingerprint_key, value, hashlib.sha256).hexdigest()
+
+    def password_matches(self, submitted: str | None) -> bool:
+        # Equal-length HMACs: the comparison's time says nothing about the password.
+        return bool(submitted) and hmac.compare_digest(
+            self.fingerprint(submitted or ""), self._password_fingerprint
+        )
 
     @staticmethod
-    def new_session(*, authenticated: bool) -> Session:
-        # A fresh token on every login: a token seen before it (login CSRF) is worth nothing.
-        return Session(csrf=secrets.token_urlsafe(32), authenticated=authenticated)
+    def anonymous() -> Session:
+        """A visitor's session: only the login form's CSRF token, nothing on the server."""
+        return Session(csrf=secrets.token_urlsafe(32))
 
     @staticmethod
     def csrf_matches(session: Session, submitted: str | None) -> bool:
@@ -54,7 +84,8 @@ class Gate:
             submitted.encode(), session.csrf.encode()
         )
 
-    def read(self, request: Request) -> Session | None:
+    async def read(self, request: Request) -> Session | None:
+        """The cookie's session; None if there is none, or it was ended, or it expired."""
         raw = request.cookies.get(SESSION_COOKIE)
         if not raw:
             return None
@@ -64,10 +95,49 @@ class Gate:
             return None
         if not isinstance(data, dict) or not isinstance(data.get("csrf"), str):
             return None
-        return Session(csrf=data["csrf"], authenticated=data.get("auth") is True)
+        secret = data.get("sid")
+        if secret is None:
+            return Session(csrf=data["csrf"])
+        if not isinstance(secret, str):
+            return None
+        svc = services(request)
+        async with svc.engine.connect() as conn:
+            live = await run_async(
+                conn,
+                console_sessions.is_live(
+                    _digest(secret), self._password_fingerprint, now=svc.clock()
+                ),
+            )
+        return Session(csrf=data["csrf"], secret=secret) if live else None
+
+    async def log_in(self, request: Request, response: Response) -> Session:
+        """A new server-side session (and a new CSRF token: one seen before the login, as
+        in login CSRF, is worth nothing), written to the response's cookie."""
+        session = Session(csrf=secrets.token_urlsafe(32), secret=secrets.token_urlsafe(32))
+        svc = services(request)
+        now = svc.clock()
+        async with svc.engine.begin() as conn:
+            await run_async(
+                conn,
+                console_sessions.start(
+                    _digest(session.secret or ""),
+                    self._password_fingerprint,
+                    now=now,
+                    expires_at=now + timedelta(seconds=SESSION_SECONDS),
+                ),
+            )
+        self.write(request, response, session)
+        return session
+
+    async def log_out(self, request: Request, response: Response, session: Session) -> None:
+        if session.secret is not None:
+            svc = services(request)
+            async with svc.engine.begin() as conn:
+                await run_async(conn, console_sessions.end(_digest(session.secret)))
+        response.delete_cookie(SESSION_COOKIE, path=PATH)
 
     def write(self, request: Request, response: Response, session: Session) -> None:
-        value = self._sessions.dumps({"csrf": session.csrf, "auth": session.authenticated})
+        value = self._sessions.dumps({"csrf": session.csrf, "sid": session.secret})
         _set_cookie(request, response, SESSION_COOKIE, value, SESSION_SECONDS)
 
     def read_flash(self, request: Request) -> str | None:
@@ -84,10 +154,6 @@ class Gate:
     def set_flash(self, request: Request, response: Response, text: str) -> None:
         # Signed, so nobody can make the console announce an action that never happened.
         _set_cookie(request, response, FLASH_COOKIE, self._flashes.dumps(text), FLASH_SECONDS)
-
-
-def forget(response: Response) -> None:
-    response.delete_cookie(SESSION_COOKIE, path=PATH)
 
 
 def forget_flash(response: Response) -> None:

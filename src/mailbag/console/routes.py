@@ -11,6 +11,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from mailbag.api.deps import client_address
 from mailbag.console import actions, auth, render, views
 from mailbag.console.context import Console, ConsoleError, Handler
 from mailbag.console.forms import BadForm, read_form
@@ -41,7 +42,8 @@ _LOCAL_NEXT = re.compile(r"^/admin(/[^/\\][^\\\s]*)?(\?[^\s]*)?$")
 def router(settings: Settings) -> APIRouter:
     if settings.admin_password is None:
         raise ValueError("the console needs ADMIN_PASSWORD")
-    gate = auth.Gate(settings.admin_password.get_secret_value())
+    # The signing key comes from the deployment key: a missing one stops the start here.
+    gate = auth.Gate(settings.admin_password.get_secret_value(), settings.key)
     routes = APIRouter(prefix="/admin", include_in_schema=False)
 
     async def login_page(request: Request) -> Response:
@@ -66,7 +68,7 @@ def _guarded(gate: auth.Gate, handler: Handler) -> Endpoint:
     """Log-in required; every POST must carry the session's CSRF token; errors as pages."""
 
     async def endpoint(request: Request) -> Response:
-        session = gate.read(request)
+        session = await gate.read(request)
         if session is None or not session.authenticated:
             wanted = request.url.path + (f"?{request.url.query}" if request.url.query else "")
             target = wanted if request.method == "GET" else "/admin"
@@ -97,7 +99,8 @@ def _guarded(gate: auth.Gate, handler: Handler) -> Endpoint:
 
 async def _logout(c: Console) -> Response:
     response = c.redirect("/admin/login")
-    auth.forget(response)
+    await c.gate.log_out(c.request, response, c.session)
+    log.info("console_logout")
     return response
 
 
@@ -107,24 +110,24 @@ def _next(request: Request, form: dict[str, str] | None = None) -> str:
 
 
 async def _login_page(gate: auth.Gate, request: Request) -> Response:
-    session = gate.read(request)
+    session = await gate.read(request)
     if session is not None and session.authenticated:
         return RedirectResponse(_next(request), status_code=303)
-    # An anonymous session carries the login form's CSRF token.
-    session = session or gate.new_session(authenticated=False)
+    # An anonymous session carries the login form's CSRF token, and nothing else.
+    session = session or gate.anonymous()
     response = render.html("login.html", csrf=session.csrf, next=_next(request), error=None)
     gate.write(request, response, session)
     return response
 
 
 async def _login(gate: auth.Gate, request: Request) -> Response:
-    session = gate.read(request)
+    session = await gate.read(request)
     try:
         form = await read_form(request)
     except BadForm:
         form = {}
     if session is None or not gate.csrf_matches(session, form.get("csrf")):
-        fresh = gate.new_session(authenticated=False)
+        fresh = gate.anonymous()
         response = render.html(
             "login.html",
             status=403,
@@ -134,8 +137,22 @@ async def _login(gate: auth.Gate, request: Request) -> Response:
         )
         gate.write(request, response, fresh)
         return response
-    client = request.client.host if request.client else None
-    if not gate.password_matches(form.get("password", "")):
+    client = client_address(request)
+    failures = auth.services(request).login_failures
+    wait = failures.retry_after(client)
+    if wait is not None:  # the password is not even checked: no guess gets an answer
+        log.warning("console_login_throttled", client=client)
+        response = render.html(
+            "login.html",
+            status=429,
+            csrf=session.csrf,
+            next=_next(request, form),
+            error=f"Too many failed logins. Try again in {wait} seconds.",
+        )
+        response.headers["Retry-After"] = str(wait)
+        return response
+    if not gate.password_matches(form.get("password")):
+        failures.failed(client)
         log.warning("console_login_failed", client=client)
         return render.html(
             "login.html",
@@ -146,5 +163,5 @@ async def _login(gate: auth.Gate, request: Request) -> Response:
         )
     log.info("console_login", client=client)
     success = RedirectResponse(_next(request, form), status_code=303)
-    gate.write(request, success, gate.new_session(authenticated=True))
+    await gate.log_in(request, success)
     return success

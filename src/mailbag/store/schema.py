@@ -316,6 +316,24 @@ def _suppressions(md: MetaData) -> Table:
     )
 
 
+def _console_sessions(md: MetaData) -> Table:
+    """Operators logged in to the console. A row is a live session: logout deletes it, so
+    it ends on every API replica at once. The id is the digest of the cookie's secret, so a
+    database reader cannot take over a session."""
+    return Table(
+        "console_sessions",
+        md,
+        Column("id_digest", String(64), primary_key=True),  # hex SHA-256 of the secret
+        # HMAC of ADMIN_PASSWORD under the deployment key: a new password ends the session.
+        Column("password_fingerprint", String(64), nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("expires_at", UTCDateTime, nullable=False),
+        Index(None, "expires_at"),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+    )
+
+
 def _is_mysql(dialect: str | None) -> bool:
     return dialect in ("mysql", "mariadb")
 
@@ -331,6 +349,7 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     _verification_sends(md)
     _provider_events(md)
     _suppressions(md)
+    _console_sessions(md)
     return md
 
 
@@ -344,6 +363,7 @@ verification_events = metadata.tables["verification_events"]
 verification_sends = metadata.tables["verification_sends"]
 provider_events = metadata.tables["provider_events"]
 suppressions = metadata.tables["suppressions"]
+console_sessions = metadata.tables["console_sessions"]
 _mysql_metadata = build_metadata("mysql")
 
 
