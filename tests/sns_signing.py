@@ -63,8 +63,15 @@ class SnsSigner:
 
     @classmethod
     def create(
-        cls, cert_url: str = DEFAULT_CERT_URL, common_name: str = "sns.amazonaws.com"
+        cls,
+        cert_url: str = DEFAULT_CERT_URL,
+        common_name: str = "sns.amazonaws.com",
+        *,
+        valid_from: datetime | None = None,
+        valid_until: datetime | None = None,
     ) -> SnsSigner:
+        """A signer whose certificate is valid from a day ago for 30 days, unless told
+        otherwise (an expired or not-yet-valid certificate for the tests that need one)."""
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
         now = datetime.now(UTC)
@@ -74,8 +81,8 @@ class SnsSigner:
             .issuer_name(name)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(days=1))
-            .not_valid_after(now + timedelta(days=30))
+            .not_valid_before(valid_from or now - timedelta(days=1))
+            .not_valid_after(valid_until or now + timedelta(days=30))
             .sign(key, hashes.SHA256())
         )
         return cls(key, certificate.public_bytes(serialization.Encoding.PEM), cert_url)
@@ -96,21 +103,27 @@ def shared_signer() -> SnsSigner:
     return SnsSigner.create()
 
 
+def sns_time(moment: datetime) -> str:
+    """A time as SNS writes its Timestamp: 2026-11-30T06:10:00.123Z."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def notification(
     message: str | Mapping[str, Any],
     *,
     subject: str | None = "Amazon SES Email Event Notification",
     message_id: str | None = None,
-    timestamp: str = "2026-11-30T06:10:00.123Z",
+    timestamp: str | None = None,
     topic_arn: str = TOPIC_ARN,
 ) -> dict[str, Any]:
-    """An unsigned SNS Notification envelope around `message` (an SES record or text)."""
+    """An unsigned SNS Notification envelope around `message` (an SES record or text),
+    sent now unless `timestamp` says otherwise (mailbag refuses messages over an hour old)."""
     envelope: dict[str, Any] = {
         "Type": "Notification",
         "MessageId": message_id or str(uuid.uuid4()),
         "TopicArn": topic_arn,
         "Message": message if isinstance(message, str) else json.dumps(message),
-        "Timestamp": timestamp,
+        "Timestamp": timestamp or sns_time(datetime.now(UTC)),
         "UnsubscribeURL": (
             "https://sns.us-east-1.amazonaws.com/?Action=Unsubscribe"
             f"&SubscriptionArn={topic_arn}:{uuid.uuid4()}"

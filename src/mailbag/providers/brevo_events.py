@@ -6,6 +6,10 @@ Every Brevo event name mailbag understands is in `BREVO_EVENTS`; any other name 
 `UnsupportedEvent` (the caller answers 400, or 200 to stop Brevo retrying), so a new Brevo
 event type is noticed instead of silently dropped.
 
+A batched body is read event by event (`parse_brevo_events`): an event that cannot be used
+is skipped with its reason, and the others are kept, so one bad event cannot make Brevo
+drop or resend its whole batch. Every field is made storable (`event_fields`).
+
 Brevo has no per-event id (its `id` is the webhook's id, the same on every call), so the
 dedup key hashes what tells one event from another: event name, message id, recipient,
 Brevo's three timestamps and, for clicks, the link.
@@ -30,6 +34,10 @@ from mailbag.domain.events import (
     message_id_from_value,
     normalize_recipient,
 )
+from mailbag.domain.message import ADDRESS_MAX, ERROR_MAX
+from mailbag.providers import event_fields
+
+PROVIDER_MESSAGE_ID_MAX: Final = 255  # the outbox column it is matched against
 
 PROVIDER: Final = "brevo"
 
@@ -73,13 +81,35 @@ def parse_brevo_webhook(
     Raises InvalidPayload for a body Brevo would not send and UnsupportedEvent for an event
     name missing from BREVO_EVENTS; nothing is returned for the body then.
     """
+    events, problems = parse_brevo_events(payload)
+    if problems:
+        raise problems[0]
+    return events
+
+
+def parse_brevo_events(
+    payload: object,
+) -> tuple[list[ProviderEvent], list[InvalidPayload]]:
+    """The usable events in one Brevo webhook body, and why each other one was skipped.
+
+    Raises InvalidPayload only for a body that is neither an event nor a list of them.
+    """
     if isinstance(payload, Mapping):
         if "items" in payload:
             raise InvalidPayload("this is a Brevo inbound-parse body, not a transactional event")
-        return [_parse_event(payload)]
-    if isinstance(payload, Sequence) and not isinstance(payload, str | bytes):
-        return [_parse_event(item) for item in payload]
-    raise InvalidPayload("a Brevo webhook body is a JSON object or a list of them")
+        items: Sequence[object] = [payload]
+    elif isinstance(payload, list):
+        items = payload
+    else:
+        raise InvalidPayload("a Brevo webhook body is a JSON object or a list of them")
+    events: list[ProviderEvent] = []
+    problems: list[InvalidPayload] = []
+    for item in items:
+        try:
+            events.append(_parse_event(item))
+        except InvalidPayload as problem:
+            problems.append(problem)
+    return events, problems
 
 
 def _parse_event(payload: object) -> ProviderEvent:
@@ -89,12 +119,14 @@ def _parse_event(payload: object) -> ProviderEvent:
     if not isinstance(name, str) or not name:
         raise InvalidPayload("the Brevo event has no 'event' name")
     if name not in BREVO_EVENTS:
-        raise UnsupportedEvent(PROVIDER, name)
+        raise UnsupportedEvent(PROVIDER, event_fields.clean(name[:50]))
     kind, bounce_type = BREVO_EVENTS[name]
 
     occurred_at = _occurred_at(payload)
-    provider_message_id = _text(payload.get("message-id"))
-    recipient = normalize_recipient(payload.get("email"))
+    provider_message_id = event_fields.identifier(
+        payload.get("message-id"), PROVIDER_MESSAGE_ID_MAX
+    )
+    recipient = _recipient(payload.get("email"))
     link = _text(payload.get("link"))
     stamps = tuple(payload.get(field) for field in _TIMESTAMP_FIELDS)
     return ProviderEvent(
@@ -112,7 +144,7 @@ def _parse_event(payload: object) -> ProviderEvent:
             content=(name, provider_message_id, *stamps, link),
         ),
         detail=link if kind is K.CLICKED else _text(payload.get("reason")),
-        raw=payload,
+        raw=event_fields.raw_json(payload),
     )
 
 
@@ -123,9 +155,9 @@ def _occurred_at(payload: Mapping[str, Any]) -> datetime:
             continue
         seconds = value / 1000 if field == "ts_epoch" and value > _MILLISECONDS_ABOVE else value
         try:
-            return datetime.fromtimestamp(seconds, tz=UTC)
+            return event_fields.plausible_time(datetime.fromtimestamp(seconds, tz=UTC))
         except (OverflowError, OSError, ValueError) as error:
-            raise InvalidPayload(f"Brevo {field} {value!r} is not a usable time") from error
+            raise InvalidPayload(f"Brevo {field} is not a usable time") from error
     # `date` alone is local time of the account's zone; guessing it would misorder events.
     raise InvalidPayload("the Brevo event has no ts_epoch, ts_event or ts")
 
@@ -157,13 +189,19 @@ def _number(value: object) -> float | None:
         return None
     if isinstance(value, int | float):
         return float(value)
-    if isinstance(value, str) and value.strip().isdigit():
-        return float(value)
+    if isinstance(value, str) and value.strip().isdecimal():
+        try:
+            return float(value)
+        except ValueError:  # digits float() does not read
+            return None
     return None
 
 
 def _text(value: object) -> str | None:
     """A non-empty string field, stripped (Brevo's reasons come with stray spaces)."""
-    if isinstance(value, str) and value.strip():
-        return value.strip()
-    return None
+    return event_fields.text(value, ERROR_MAX)
+
+
+def _recipient(value: object) -> str | None:
+    address = normalize_recipient(event_fields.identifier(value, ADDRESS_MAX))
+    return address if address is not None and len(address) <= ADDRESS_MAX else None

@@ -8,7 +8,8 @@ A route handles one POST as:
     msg = parse_sns_envelope(body)                      # InvalidSnsMessage -> 400
     if not is_trusted_cert_url(msg.signing_cert_url):   # -> 403
         ...
-    verify_sns_signature(msg, fetched_certificate_pem)  # InvalidSignature -> 403
+    verify_sns_signature(msg, fetched_certificate_pem, now=now)  # InvalidSignature -> 403
+    check_fresh(msg, now)                               # StaleMessage -> 403
     if msg.message_type is SnsMessageType.NOTIFICATION:
         events = parse_ses_notification(msg.message)
 
@@ -26,7 +27,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final
@@ -48,6 +49,8 @@ from mailbag.domain.events import (
     message_id_from_value,
     normalize_recipient,
 )
+from mailbag.domain.message import ADDRESS_MAX, ERROR_MAX
+from mailbag.providers import event_fields
 
 PROVIDER: Final = "ses"
 # The tag name providers/ses.py puts on every send (its MESSAGE_ID_TAG); kept here too so
@@ -57,6 +60,11 @@ DEFAULT_CERT_HOSTS: Final = r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$"
 # What SNS publishes to a topic when SES starts using it: notices, not email events.
 _INFORMATIONAL_TEXT: Final = "Successfully validated SNS topic for Amazon SES event publishing."
 _INFORMATIONAL_TYPES: Final = frozenset({"AmazonSnsSubscriptionSucceeded"})
+# How old a message may be: SNS stops retrying an HTTP(S) delivery after at most an hour
+# (a hard limit), so an older one is a replay. A little leeway for clocks that disagree.
+MAX_MESSAGE_AGE: Final = timedelta(hours=1, minutes=5)
+CLOCK_LEEWAY: Final = timedelta(minutes=5)
+PROVIDER_MESSAGE_ID_MAX: Final = 255  # the outbox column it is matched against
 
 
 class InvalidSnsMessage(InvalidPayload):
@@ -65,6 +73,10 @@ class InvalidSnsMessage(InvalidPayload):
 
 class InvalidSignature(Exception):
     """The SNS message is not signed by the certificate's key (or cannot be checked)."""
+
+
+class StaleMessage(InvalidSignature):
+    """A validly signed message SNS sent too long ago (or in the future): a replay."""
 
 
 class SnsMessageType(StrEnum):
@@ -136,7 +148,7 @@ def parse_sns_envelope(body: bytes | str) -> SnsMessage:
         raise InvalidSnsMessage("the SNS body is not a JSON object")
     declared_type = document.get("Type")
     if not isinstance(declared_type, str) or declared_type not in _MESSAGE_TYPES:
-        raise InvalidSnsMessage(f"unknown SNS message Type {declared_type!r}")
+        raise InvalidSnsMessage(f"unknown SNS message Type {str(declared_type)[:50]!r}")
     message_type = SnsMessageType(declared_type)
     for key in (*_SIGNED_KEYS[message_type], *_SIGNATURE_KEYS):
         if key not in _OPTIONAL_KEYS and not isinstance(document.get(key), str):
@@ -145,7 +157,9 @@ def parse_sns_envelope(body: bytes | str) -> SnsMessage:
         if document.get(key) is not None and not isinstance(document[key], str):
             raise InvalidSnsMessage(f"SNS {key} is not a string")
     if document["SignatureVersion"] not in _SIGNATURE_HASHES:
-        raise InvalidSnsMessage(f"unknown SNS SignatureVersion {document['SignatureVersion']!r}")
+        raise InvalidSnsMessage(
+            f"unknown SNS SignatureVersion {document['SignatureVersion'][:20]!r}"
+        )
     return SnsMessage(
         message_type=message_type,
         message_id=document["MessageId"],
@@ -215,6 +229,17 @@ def verify_sns_signature(
         public_key.verify(signature, sns_string_to_sign(msg), padding.PKCS1v15(), hash_algorithm())
     except _CryptoInvalidSignature as error:
         raise InvalidSignature("the SNS signature does not match the message") from error
+
+
+def check_fresh(msg: SnsMessage, now: datetime) -> None:
+    """Raise StaleMessage unless SNS sent the message within MAX_MESSAGE_AGE before `now`
+    (a signature stays valid forever, so without this an old message could be replayed)."""
+    try:
+        sent_at = msg.sent_at
+    except InvalidPayload as error:
+        raise StaleMessage("the SNS Timestamp is not a time") from error
+    if not now - MAX_MESSAGE_AGE <= sent_at <= now + CLOCK_LEEWAY:
+        raise StaleMessage("the SNS message is too old (or from the future): a replay?")
 
 
 def is_trusted_cert_url(url: str, allowed_hosts_pattern: str = DEFAULT_CERT_HOSTS) -> bool:
@@ -328,8 +353,13 @@ def parse_ses_notification(message_json: str | Mapping[str, Any]) -> list[Provid
 
     mail = _object(record, "mail")
     body = _object(record, rule.body_key)
-    provider_message_id = _text(mail.get("messageId"))
+    provider_message_id = event_fields.identifier(mail.get("messageId"), PROVIDER_MESSAGE_ID_MAX)
     occurred_at = _parse_time(body.get("timestamp") or mail.get("timestamp"), "SES timestamp")
+    try:
+        event_fields.plausible_time(occurred_at)
+    except ValueError as error:
+        raise InvalidPayload(f"SES timestamp: {error}") from None
+    raw = event_fields.raw_json(record)
     our_id = _our_message_id(mail)
     bounce_type = None
     if rule.kind is K.BOUNCED:
@@ -339,7 +369,9 @@ def parse_ses_notification(message_json: str | Mapping[str, Any]) -> list[Provid
 
     events = []
     for address, entry in _recipients(mail, body, rule.recipients_key):
-        recipient = normalize_recipient(address)
+        recipient = normalize_recipient(event_fields.identifier(address, ADDRESS_MAX))
+        if recipient is not None and len(recipient) > ADDRESS_MAX:
+            recipient = None
         events.append(
             ProviderEvent(
                 provider=PROVIDER,
@@ -357,7 +389,7 @@ def parse_ses_notification(message_json: str | Mapping[str, Any]) -> list[Provid
                     content=(name, provider_message_id, occurred_at.isoformat(), link),
                 ),
                 detail=rule.detail(body, entry),
-                raw=record,
+                raw=raw,
             )
         )
     return events
@@ -440,13 +472,11 @@ def _parse_time(value: object, what: str) -> datetime:
         raise InvalidPayload(f"{what} is missing")
     try:
         parsed = datetime.fromisoformat(value)
-    except ValueError as error:
-        raise InvalidPayload(f"{what} {value!r} is not an ISO 8601 time") from error
-    # Both services document UTC; a time without an offset is taken as UTC.
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+        # Both services document UTC; a time without an offset is taken as UTC.
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except (ValueError, OverflowError) as error:  # year 1 at +14:00 overflows
+        raise InvalidPayload(f"{what} {value[:40]!r} is not an ISO 8601 time") from error
 
 
 def _text(value: object) -> str | None:
-    if isinstance(value, str) and value.strip():
-        return value.strip()
-    return None
+    return event_fields.text(value, ERROR_MAX)
