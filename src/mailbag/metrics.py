@@ -3,6 +3,9 @@
 Counters and histograms count in the process that does the work (API or worker); the
 gauges about the whole outbox (messages by state, the oldest due message) are read from
 the database when /metrics is scraped.
+
+Tenant ids are not shown to whoever scrapes: a series that could name a tenant carries
+`tenant="all"` unless METRICS_TENANT_LABELS is true (`configure`).
 """
 
 from __future__ import annotations
@@ -52,9 +55,21 @@ IDEMPOTENT_REPLAYS = Counter(
 )
 FINGERPRINT_CONFLICTS = Counter(
     "mailbag_idempotency_conflicts_total",
-    "Idempotency keys reused for a different request.",
+    "Idempotency keys reused for a different request (by tenant if METRICS_TENANT_LABELS).",
     ["tenant"],
 )
+ALL_TENANTS = "all"
+_tenant_labels = False
+
+
+def configure(*, tenant_labels: bool) -> None:
+    """Whether series may name tenants (the process's settings; off by default)."""
+    global _tenant_labels
+    _tenant_labels = tenant_labels
+
+
+def tenant_label(tenant_id: str) -> str:
+    return tenant_id if _tenant_labels else ALL_TENANTS
 RECONCILIATIONS = Counter(
     "mailbag_reconciliation_outcomes_total",
     "What reconciliation concluded about unknown messages.",

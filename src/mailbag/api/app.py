@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mailbag import console, log, metrics, templates
 from mailbag.api import admin, messages, verifications, webhooks
-from mailbag.api.deps import Services
+from mailbag.api.deps import Services, secret_matches
 from mailbag.api.problems import ProblemError, problem_response
 from mailbag.clock import Clock, utcnow
 from mailbag.domain.message import InvalidMessage
@@ -39,6 +39,7 @@ DATABASE_DOWN = (OperationalError, PoolTimeout, ConnectionError, OSError, Timeou
 def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> FastAPI:
     settings = settings or Settings()
     log.configure(settings.log_level)
+    metrics.configure(tenant_labels=settings.metrics_tenant_labels)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,8 +87,19 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
 
     @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     async def prometheus_metrics(request: Request) -> Response:
-        """Prometheus metrics; the outbox-wide gauges are read from the database now."""
+        """Prometheus metrics; the outbox-wide gauges are read from the database now.
+        With METRICS_TOKEN set, only for `Authorization: Bearer <METRICS_TOKEN>`."""
         svc: Services = request.app.state.services
+        if settings.metrics_token is not None:
+            scheme, _, offered = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not secret_matches(offered, settings.metrics_token):
+                raise ProblemError(
+                    401,
+                    "unauthorized",
+                    "Unauthorized",
+                    "send `Authorization: Bearer <METRICS_TOKEN>`",
+                    headers={"WWW-Authenticate": 'Bearer realm="mailbag metrics"'},
+                )
         try:
             health = await svc.operations.health(svc.clock())
         except DATABASE_DOWN:
@@ -246,7 +258,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @handle(idempotency.KeyReused)
     def _reused(exc: idempotency.KeyReused) -> Response:
-        metrics.FINGERPRINT_CONFLICTS.labels(_tenant()).inc()
+        metrics.FINGERPRINT_CONFLICTS.labels(metrics.tenant_label(_tenant())).inc()
         return problem_response(
             409,
             "idempotency-key-reused",
