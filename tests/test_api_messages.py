@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sqlalchemy import update
 
 from api_helpers import api_client, new_tenant
 from mailbag.services.idempotency import check_key
 from mailbag.store.database import make_async_engine
+from mailbag.store.schema import idempotency_records
 
 from helpers import count_rows
 
@@ -176,3 +178,30 @@ async def test_a_database_outage_is_a_503_with_retry_after(db, tmp_path):
     assert r.status_code == 503 and r.headers["Retry-After"] == "5"
     assert r.json()["type"].endswith("/database-unavailable")
     assert "Traceback" not in r.text
+
+
+async def test_a_replay_is_byte_identical_to_the_first_answer(db):
+    # Key orders that differ from sorted (a, bbb, cc) and from JSONB's (a, cc, bbb): JSONB
+    # sorts keys by length, then bytes. 1e20 comes back from JSONB as an integer.
+    data = {"bbb": 1, "a": {"zz": [3, {"y": 1, "x": 2}], "b": 1e20}, "cc": 1.0, "name": "Zoë"}
+    body = {**BODY, "data": data, "metadata": {"zeta": 1, "a": 2, "mm": 3}}
+    _, key = new_tenant(db)
+    async with api_client(db, key) as api:
+        first = await api.post("/v1/messages", json=body, headers={"Idempotency-Key": "bytes"})
+        again = await api.post("/v1/messages", json=body, headers={"Idempotency-Key": "bytes"})
+    assert first.status_code == again.status_code == 201
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert list(first.json()["data"]) == ["bbb", "a", "cc", "name"]
+
+
+async def test_a_record_stored_before_bodies_were_kept_as_text_still_replays(db):
+    _, key = new_tenant(db)
+    async with api_client(db, key) as api:
+        first = await api.post("/v1/messages", json=BODY, headers={"Idempotency-Key": "old"})
+        # As older versions stored it: the body as a JSON object, not its text.
+        with db.engine.begin() as conn:
+            conn.execute(update(idempotency_records).values(response_body=first.json()))
+        again = await api.post("/v1/messages", json=BODY, headers={"Idempotency-Key": "old"})
+    assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()

@@ -1,10 +1,16 @@
 """Idempotency records: per (tenant, Idempotency-Key) the fingerprint of the request that
 first used the key and the response it got, written in the same transaction as the
 resource. The unique index on (tenant, key) decides races: the loser's INSERT fails (after
-waiting for the winner to commit) and it replays the winner's record instead."""
+waiting for the winner to commit) and it replays the winner's record instead.
+
+The response body is kept as its JSON text (a JSON string in the column), not as a JSON
+object: PostgreSQL's JSONB reorders object keys and rewrites numbers (1e20 comes back as an
+integer), and a replay must render to exactly the bytes of the first answer. Records
+written before that hold an object and still replay."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -39,7 +45,7 @@ def find(tenant_id: str, key: str) -> Plan[Record | None]:
         row.fingerprint,
         row.resource_id,
         row.response_status,
-        row.response_body,
+        _body(row.response_body),
         row.expires_at,
     )
 
@@ -87,8 +93,17 @@ def record_response(
             records.c.tenant_id == tenant_id,
             records.c.idempotency_key == key,
         )
-        .values(resource_id=resource_id, response_status=status, response_body=body)
+        .values(resource_id=resource_id, response_status=status, response_body=_text(body))
     )
+
+
+def _text(body: Any) -> str:
+    return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _body(stored: Any) -> Any:
+    # A str is the body's text; anything else is a record from before bodies were kept so.
+    return json.loads(stored) if isinstance(stored, str) else stored
 
 
 def purge_expired(now: datetime, limit: int = 1000) -> Plan[int]:
