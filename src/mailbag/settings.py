@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MAILBAG_", extra="ignore")
 
     database_url: str = "sqlite:///mailbag.db"
+    # How long the API and the worker wait for the database (a connect, a statement, a
+    # request's database work) before it counts as unavailable: 503 with Retry-After.
+    database_timeout_seconds: float = Field(5.0, gt=0, le=3600)
 
     provider: ProviderName = "file"
     file_dir: Path = Path("mail")

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mailbag import console, log, metrics, templates
 from mailbag.api import admin, messages, verifications, webhooks
+from mailbag.api.deadline import RETRY_AFTER_SECONDS, DatabaseDeadline, database_unavailable
 from mailbag.api.deps import Services, secret_matches
 from mailbag.api.problems import ProblemError, problem_response
 from mailbag.clock import Clock, utcnow
@@ -43,7 +44,12 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_async_engine(settings.database_url, pool_size=settings.api_pool_size)
+        engine = make_async_engine(
+            settings.database_url,
+            pool_size=settings.api_pool_size,
+            timeout=settings.database_timeout_seconds,
+            statement_timeout=settings.database_timeout_seconds,
+        )
         dialect = dialect_of(settings.database_url)
         catalog = templates.load(settings.templates_dir)
         app.state.services = Services(
@@ -77,6 +83,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
     app.state.sns_certificates = webhooks.SnsCertificates(settings.sns_cert_hosts)
     app.state.confirm_subscription = webhooks.confirm_subscription
     install_error_handlers(app)
+    app.add_middleware(DatabaseDeadline, seconds=settings.database_timeout_seconds)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.middleware("http")(request_context)
 
@@ -120,7 +127,9 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
                 current = await conn.run_sync(lambda sync: migrate.is_current(sync))
         except DATABASE_DOWN as exc:
             return JSONResponse(
-                {"status": "database unreachable", "error": type(exc).__name__}, status_code=503
+                {"status": "database unreachable", "error": type(exc).__name__},
+                status_code=503,
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
         if not current:
             return JSONResponse({"status": "schema not current"}, status_code=503)
@@ -360,14 +369,7 @@ def install_error_handlers(app: FastAPI) -> None:
             ):
                 response: Response = _internal(exc)
                 return response
-            log.get("mailbag.api").warning("database_unavailable", error=type(exc).__name__)
-            return problem_response(
-                503,
-                "database-unavailable",
-                "Service unavailable",
-                "the database is unreachable; retry shortly",
-                headers={"Retry-After": "5"},
-            )
+            return database_unavailable(type(exc).__name__)
 
     @handle(Exception)
     def _internal(exc: Exception) -> Response:

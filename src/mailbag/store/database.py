@@ -2,11 +2,25 @@
 
 Users write plain `sqlite:///path`, `postgresql://...` or `mysql://...` URLs; mailbag picks
 its drivers (pysqlite/aiosqlite, psycopg 3 for both sync and async, PyMySQL/asyncmy).
+
+Timeouts, so that a database that stops answering is an error within seconds, not a hang:
+- every engine: a connect timeout, and on PostgreSQL TCP keepalives and `tcp_user_timeout`
+  (a peer that stops acknowledging is dropped). None of these limit a long statement on a
+  healthy connection, so migrations and `purge` keep them too;
+- engines given `statement_timeout` (the API's and the worker's): the server ends any
+  statement, or PostgreSQL transaction left idle, after that long, and MariaDB's reads
+  stop waiting a moment later;
+- `within()`: the caller's own bound, which holds even when the network silently swallows
+  everything (nothing above can tell that from a slow answer). SQLite has none of this;
+  it waits SQLITE_BUSY_TIMEOUT_MS for a lock.
+A URL's own query parameters (`?connect_timeout=30`) win over these defaults.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
@@ -27,6 +41,10 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Execution option for connections that only read: on SQLite they skip the write lock.
 READ_ONLY_OPTION = "mailbag_read_only"
 READ_ONLY = {READ_ONLY_OPTION: True}
+# Seconds a connect, or a silent network, may take before it is an error (DATABASE_TIMEOUT).
+DEFAULT_TIMEOUT = 5.0
+
+T = TypeVar("T")
 
 
 class UnsupportedDatabase(ValueError):
@@ -60,40 +78,182 @@ def async_url(url: str | URL) -> URL:
     return parsed.set(drivername=async_driver)
 
 
-def _engine_options(dialect: Dialect, pool_size: int | None, null_pool: bool) -> dict[str, Any]:
-    options: dict[str, Any] = {"pool_pre_ping": dialect != "sqlite"}
+class DatabaseTimeout(TimeoutError):
+    """The database did not answer within the caller's bound (see `within`)."""
+
+
+def libpq_options(timeout: float, statement_timeout: float | None = None) -> dict[str, Any]:
+    """psycopg/libpq connection parameters: the one place that sets them (engines, LISTEN)."""
+    seconds = max(2, round(timeout))  # libpq counts whole seconds, 2 at least
+    # Timestamps come back tagged with Python's own UTC, which needs no conversion. The
+    # statement bounds ride in the same startup `options` (PgBouncer in transaction mode
+    # would refuse them, as it refuses the time zone: LISTEN_URL/MIGRATE_URL are for later).
+    startup = "-c timezone=UTC"
+    if statement_timeout is not None:
+        ms = max(1, round(statement_timeout * 1000))
+        startup += f" -c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms}"
+    return {
+        "options": startup,
+        "connect_timeout": seconds,
+        # A peer gone silent (a partition, a dead host): probe an idle connection after
+        # a second of quiet, and drop any connection whose sent data stays unacknowledged.
+        "keepalives": 1,
+        "keepalives_idle": 1,
+        "keepalives_interval": 1,
+        "keepalives_count": seconds,
+        "tcp_user_timeout": seconds * 1000,
+    }
+
+
+def _mysql_options(
+    timeout: float, statement_timeout: float | None, *, asynchronous: bool
+) -> dict[str, Any]:
+    options: dict[str, Any] = {"connect_timeout": max(1, round(timeout))}
+    if not asynchronous:
+        options["write_timeout"] = max(1, round(timeout))  # PyMySQL only
+    if statement_timeout is not None:
+        # The server ends the statement first (a clean error); a read that still waits a
+        # moment later means the server or the network is gone. MariaDB only (`/*M!`):
+        # MySQL reads the variable as a comment.
+        options["read_timeout"] = max(1, round(statement_timeout + 1))
+        options["init_command"] = (
+            f"SET @mailbag = 1 /*M! , SESSION max_statement_time = {statement_timeout:g} */"
+        )
+    return options
+
+
+def _engine_options(
+    url: URL,
+    dialect: Dialect,
+    *,
+    pool_size: int | None,
+    null_pool: bool,
+    timeout: float,
+    statement_timeout: float | None,
+    asynchronous: bool,
+) -> dict[str, Any]:
+    # hide_parameters: a database error's message would carry the statement's values (a
+    # recipient, an Idempotency-Key, template data) into every log that prints it.
+    options: dict[str, Any] = {"pool_pre_ping": dialect != "sqlite", "hide_parameters": True}
     if null_pool:
         options["poolclass"] = NullPool
     elif pool_size is not None and dialect != "sqlite":
         # No overflow: connections beyond the pool would be opened and closed per use (a
-        # server process forked each time); callers wait for a pooled one instead.
-        options.update(pool_size=pool_size, max_overflow=0)
+        # server process forked each time); callers wait for a pooled one instead, but
+        # not for ever.
+        options.update(pool_size=pool_size, max_overflow=0, pool_timeout=timeout)
+    connect_args: dict[str, Any] = {}
     if dialect == "postgresql":
-        # Timestamps come back tagged with Python's own UTC, which needs no conversion.
-        options["connect_args"] = {"options": "-c timezone=UTC"}
+        connect_args = libpq_options(timeout, statement_timeout)
     if dialect == "mysql":
+        connect_args = _mysql_options(timeout, statement_timeout, asynchronous=asynchronous)
         # Fresh reads in every statement and no gap locks: the claim and finalize rely on
         # row locks only, and a duplicate enqueue must see the row that beat it.
         options["isolation_level"] = "READ COMMITTED"
+    if connect_args:
+        options["connect_args"] = {k: v for k, v in connect_args.items() if k not in url.query}
     return options
 
 
-def make_engine(url: str | URL, *, pool_size: int | None = None, null_pool: bool = False) -> Engine:
-    dialect = dialect_of(url)
-    engine = create_engine(sync_url(url), **_engine_options(dialect, pool_size, null_pool))
+def make_engine(
+    url: str | URL,
+    *,
+    pool_size: int | None = None,
+    null_pool: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    statement_timeout: float | None = None,
+) -> Engine:
+    """A sync engine. `timeout` bounds connecting and a silent network; `statement_timeout`
+    (seconds, None: no bound, for migrations and operator commands) bounds each statement."""
+    engine_url = sync_url(url)
+    dialect = dialect_of(engine_url)
+    engine = create_engine(
+        engine_url,
+        **_engine_options(
+            engine_url,
+            dialect,
+            pool_size=pool_size,
+            null_pool=null_pool,
+            timeout=timeout,
+            statement_timeout=statement_timeout,
+            asynchronous=False,
+        ),
+    )
     if dialect == "sqlite":
         _configure_sqlite(engine)
     return engine
 
 
 def make_async_engine(
-    url: str | URL, *, pool_size: int | None = None, null_pool: bool = False
+    url: str | URL,
+    *,
+    pool_size: int | None = None,
+    null_pool: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    statement_timeout: float | None = None,
 ) -> AsyncEngine:
-    dialect = dialect_of(url)
-    engine = create_async_engine(async_url(url), **_engine_options(dialect, pool_size, null_pool))
+    """The async twin of `make_engine`, with the same options."""
+    engine_url = async_url(url)
+    dialect = dialect_of(engine_url)
+    engine = create_async_engine(
+        engine_url,
+        **_engine_options(
+            engine_url,
+            dialect,
+            pool_size=pool_size,
+            null_pool=null_pool,
+            timeout=timeout,
+            statement_timeout=statement_timeout,
+            asynchronous=True,
+        ),
+    )
     if dialect == "sqlite":
         _configure_sqlite(engine.sync_engine)
     return engine
+
+
+# Work given up by `within`, kept referenced until its cancellation has finished.
+_abandoned: set[asyncio.Future[Any]] = set()
+
+
+def abandon(work: asyncio.Future[Any]) -> None:
+    """Cancel `work` without waiting for it to wind down.
+
+    A cancelled psycopg query first asks the server to cancel it and waits for that (up to
+    ten seconds); across a partition no answer comes, so its caller must not wait. The
+    connection it held is thrown away when it is done (SQLAlchemy invalidates a connection
+    interrupted by a cancellation), so nothing half-finished is reused.
+    """
+    work.cancel()
+    _abandoned.add(work)
+    work.add_done_callback(_forget)
+
+
+def _forget(work: asyncio.Future[Any]) -> None:
+    _abandoned.discard(work)
+    if not work.cancelled():
+        work.exception()  # retrieved: the caller already reported the timeout
+
+
+async def within(seconds: float | None, work: Awaitable[T]) -> T:
+    """Await database work for at most `seconds` (None: no bound), else DatabaseTimeout.
+
+    The answer comes on time even when the network swallows everything: the work is
+    abandoned (cancelled, not waited for). Work that may have committed when it was given
+    up is the caller's ambiguity, exactly as with a connection lost during a COMMIT.
+    """
+    if seconds is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:
+        abandon(task)
+        raise
+    if not done:
+        abandon(task)
+        raise DatabaseTimeout(f"the database did not answer within {seconds:g} s")
+    return task.result()
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -14,16 +14,28 @@ from typing import Any
 import psycopg
 from sqlalchemy.engine import make_url
 
+from mailbag.store.database import DEFAULT_TIMEOUT, libpq_options
+
 
 def libpq_url(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-async def listen(url: str, channel: str, on_notify: Callable[[], None], log: Any) -> None:
+async def listen(
+    url: str,
+    channel: str,
+    on_notify: Callable[[], None],
+    log: Any,
+    network_timeout: float = DEFAULT_TIMEOUT,
+) -> None:
     delay = 1.0
     while True:
         try:
-            connection = await psycopg.AsyncConnection.connect(libpq_url(url), autocommit=True)
+            # The engines' connect timeout and keepalives: a partition ends this connection
+            # (and polling carries on) instead of leaving it waiting for ever.
+            connection = await psycopg.AsyncConnection.connect(
+                libpq_url(url), autocommit=True, **libpq_options(network_timeout)
+            )
             async with connection as conn:
                 await conn.execute(f"LISTEN {channel}")
                 delay = 1.0

@@ -1,0 +1,92 @@
+"""A deadline on each request's work: a database that stops answering is a prompt 503.
+
+Driver and server timeouts (store/database.py) cover a database that refuses, resets or
+stays silent on the wire, but not one whose bytes vanish into a network that still
+acknowledges them (a hung proxy, a half-dead load balancer): only the caller's own clock
+sees that. So every HTTP request gets DATABASE_TIMEOUT_SECONDS from the moment the app
+starts on it, not counting the time spent waiting for the client's body (a slow upload is
+not a database outage). Past that, before any byte of the answer left, the request is
+abandoned (its database work cancelled without waiting, see `database.abandon`) and
+answered 503 with Retry-After. A client that retries a POST with its Idempotency-Key gets
+the first answer if the abandoned work had committed after all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mailbag import log
+from mailbag.api.problems import problem_response
+from mailbag.store.database import abandon
+
+RETRY_AFTER_SECONDS = 5
+
+
+def database_unavailable(error: str) -> Response:
+    """The one answer for a database that is down or too slow (every route, /readyz too)."""
+    log.get("mailbag.api").warning("database_unavailable", error=error)
+    return problem_response(
+        503,
+        "database-unavailable",
+        "Service unavailable",
+        "the database is unreachable; retry shortly",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
+
+
+class DatabaseDeadline:
+    def __init__(self, app: ASGIApp, seconds: float) -> None:
+        self.app, self.seconds = app, seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        client_time = 0.0  # spent waiting for the client, not the database
+        reading_since: float | None = None
+        answering = False  # the answer has begun: it is let through, however long it takes
+        given_up = False
+
+        async def timed_receive() -> Message:
+            nonlocal client_time, reading_since
+            reading_since = loop.time()
+            try:
+                return await receive()
+            finally:
+                client_time += loop.time() - reading_since
+                reading_since = None
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal answering
+            if given_up:  # too late: the client already has its 503
+                return
+            answering = True
+            await send(message)
+
+        started = loop.time()
+        work = asyncio.ensure_future(self.app(scope, timed_receive, guarded_send))
+        try:
+            while not work.done():
+                if answering:
+                    await asyncio.wait({work})
+                    break
+                now = loop.time()
+                reading = now - reading_since if reading_since is not None else 0.0
+                left = started + client_time + reading + self.seconds - now
+                if left <= 0 and reading_since is None:
+                    given_up = True
+                    abandon(work)
+                    await database_unavailable(f"no answer within {self.seconds:g} s")(
+                        scope, receive, send
+                    )
+                    return
+                # Woken early by the end of the work; late reads are re-counted next round.
+                await asyncio.wait({work}, timeout=max(left, 0.05))
+        except asyncio.CancelledError:
+            abandon(work)
+            raise
+        work.result()  # the app's own exceptions go on to the outer middleware
