@@ -21,7 +21,7 @@ from mailbag.settings import Settings
 from mailbag.store import outbox as store
 from mailbag.store.plan import run_async
 from mailbag.templates import builtin
-from mailbag.worker import Worker, WorkerConfig
+from mailbag.worker import PeriodicJob, Worker, WorkerConfig, WorkerFailed
 
 from helpers import get, run_worker_until, status_counts
 from memory_provider import MemoryProvider
@@ -316,3 +316,99 @@ async def test_an_enqueue_in_this_process_wakes_the_worker_at_commit(db, async_e
     stop.set()
     await task
     assert len(provider.sent) == 1
+
+
+# --- a helper task that dies stops the worker -------------------------------------------
+
+
+def fail_writes(worker: Worker, times: int) -> None:
+    """The finalizer's write raises a bug (not a database error) its first `times` calls."""
+    real = worker._write_batch
+    calls = 0
+
+    async def write_batch(by_token: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls <= times:
+            raise RuntimeError("injected finalizer bug")
+        return await real(by_token)
+
+    worker._write_batch = write_batch  # type: ignore[method-assign]
+
+
+async def run_until_it_fails(worker: Worker) -> WorkerFailed:
+    """Run with no stop ever requested: only the worker's own failure ends it."""
+    with pytest.raises(WorkerFailed) as failed:
+        async with asyncio.timeout(15):
+            await worker.run(asyncio.Event())
+    return failed.value
+
+
+async def test_a_dead_finalizer_stops_the_worker_which_writes_what_it_can_first(
+    db, async_engine, capsys
+):
+    ids = enqueue(db, 10)
+    provider = MemoryProvider()
+    worker = make_worker(db, async_engine, provider, batch_size=4, concurrency=4)
+    fail_writes(worker, times=1)
+    failure = await run_until_it_fails(worker)
+    assert "mailbag-finalizer" in str(failure) and "injected finalizer bug" in str(failure)
+    logged = [json.loads(line) for line in capsys.readouterr().err.splitlines() if "died" in line]
+    assert logged[0]["event"] == "worker_helper_died" and logged[0]["level"] == "error"
+    # Drained: what was sent is recorded as sent, the rest released untouched; none is
+    # left `processing` behind a worker that is gone.
+    sent = {e.message_id for e in provider.sent}
+    assert sent and status_counts(db) == {"sent": len(sent), "pending": 10 - len(sent)}
+    assert {get(db, i).attempt_count for i in ids if i not in sent} == {0}
+
+    successor = MemoryProvider()
+    await run_worker_until(
+        make_worker(db, async_engine, successor), all_in(db, Status.SENT, total=10)
+    )
+    assert sorted([e.message_id for e in provider.sent + successor.sent]) == sorted(ids)
+
+
+async def test_a_finalizer_that_cannot_write_leaves_its_sends_to_the_sweep_not_to_a_resend(
+    db, async_engine
+):
+    ids = enqueue(db, 10)
+    provider = MemoryProvider()
+    lease = timedelta(seconds=1)
+    worker = make_worker(db, async_engine, provider, batch_size=4, concurrency=4, lease=lease)
+    fail_writes(worker, times=1_000)
+    await run_until_it_fails(worker)
+    # Nothing could be written: what it held stays `processing` (its sends, and any claim
+    # the drain could not hand back), with leases no one renews any more.
+    sent = {e.message_id for e in provider.sent}
+    held = {i for i in ids if get(db, i).status == Status.PROCESSING}
+    assert sent and sent <= held and status_counts(db).get("pending") == 10 - len(held)
+    leases = {i: get(db, i).lease_expires_at for i in held}
+    await asyncio.sleep(lease.total_seconds() / 2)  # the keeper renewed every third of it
+    assert {i: get(db, i).lease_expires_at for i in held} == leases
+
+    # A successor's sweep makes them `unknown` when the lease ends (sent, or maybe: never
+    # resent blindly) and delivers the rest.
+    successor = MemoryProvider()
+    await run_worker_until(
+        make_worker(db, async_engine, successor, lease=lease),
+        all_in(db, Status.SENT, Status.UNKNOWN, total=10),
+    )
+    assert {i for i in ids if get(db, i).status == Status.UNKNOWN} == held
+    assert {e.message_id for e in successor.sent} == set(ids) - held
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+async def test_any_dead_helper_stops_the_worker_a_periodic_job_too(db, async_engine):
+    async def broken(now: datetime) -> Any:
+        raise ValueError("a bug in the job")
+
+    worker = Worker(
+        engine=async_engine,
+        provider=MemoryProvider(),
+        catalog=builtin(),
+        config=WorkerConfig(worker_id="w", poll_interval=0.05),
+        jobs=[PeriodicJob("reconciled", 0.05, broken)],
+    )
+    failure = await run_until_it_fails(worker)
+    assert "reconciled" in str(failure) and isinstance(failure.__cause__, ValueError)
+    assert worker.helpers == {}  # every other helper was stopped too

@@ -45,7 +45,12 @@ def ensure_schema(settings: Settings, *, upgrade: bool) -> None:
 
 def worker_engine(settings: Settings) -> AsyncEngine:
     # Claims, finalizes, lease extensions and sweeps overlap: a handful of connections.
-    return make_async_engine(settings.database_url, pool_size=4)
+    return make_async_engine(
+        settings.database_url,
+        pool_size=4,
+        timeout=settings.database_timeout_seconds,
+        statement_timeout=settings.database_timeout_seconds,
+    )
 
 
 def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:

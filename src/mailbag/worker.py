@@ -7,7 +7,13 @@ No database transaction is ever open while a provider call is in flight.
 
 Failure handling, in short:
 - a database error anywhere backs the loop off (1 s doubling to 30 s) and it resumes;
-  outcomes that could not be written are kept and written when the database is back;
+  outcomes that could not be written are kept and written when the database is back. A
+  database that does not answer within DATABASE_TIMEOUT_SECONDS counts as an error;
+- the helper tasks (finalizer, lease keeper, listener, periodic jobs) run as long as the
+  worker does. If one dies (a bug, not a database error), the worker stops as on SIGTERM
+  (drains, writes what it can, releases what it had not started, stops renewing leases)
+  and `run` raises WorkerFailed, so the process exits non-zero and its supervisor
+  restarts it: never a half-alive worker whose leases outlive its finalizer;
 - a provider that reports itself disabled gets its messages released (no attempt spent)
   and the whole worker pauses claiming for a while;
 - SIGTERM/SIGINT: stop claiming, let sends in flight finish within the grace period,
@@ -17,7 +23,6 @@ Failure handling, in short:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -51,12 +56,17 @@ from mailbag.providers.base import Provider
 from mailbag.settings import Settings
 from mailbag.store import outbox as store
 from mailbag.store import verifications as verification_store
-from mailbag.store.database import Dialect, dialect_of
+from mailbag.store.database import DEFAULT_TIMEOUT, Dialect, dialect_of, within
 from mailbag.store.plan import run_async
 from mailbag.templates import Catalog, TemplateError
 
-DB_ERRORS = (SQLAlchemyError, OSError)
+DB_ERRORS = (SQLAlchemyError, OSError)  # OSError includes TimeoutError (DatabaseTimeout)
 BACKLOG_FACTOR = 4
+FINALIZER = "mailbag-finalizer"
+
+
+class WorkerFailed(RuntimeError):
+    """A helper task died and the worker stopped: restart the process."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,7 @@ class WorkerConfig:
     message_id_domain: str = "localhost"
     sweep_every: float = 1.0
     db_backoff: tuple[float, float] = (1.0, 30.0)
+    db_timeout: float = DEFAULT_TIMEOUT  # seconds one database round may take
     disabled_backoff: tuple[float, float] = (5.0, 300.0)
     # Derives verification tokens at render time; without it a verification email fails.
     tokens: Tokens | None = None
@@ -90,6 +101,7 @@ class WorkerConfig:
             "from_email": settings.from_email,
             "from_name": settings.from_name,
             "message_id_domain": settings.message_id_host,
+            "db_timeout": settings.database_timeout_seconds,
             # Raises MissingSecretKey: a worker without the key refuses to start.
             "tokens": settings.verification_tokens,
         }
@@ -163,11 +175,15 @@ class Worker:
         self.in_flight: dict[uuid.UUID, InFlight] = {}
         self.send_tasks: set[asyncio.Task[None]] = set()
         self.outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
+        self.writing: list[Outcome] = []  # taken from the queue, not yet committed
         self.unwritten = 0  # outcomes queued or being written
         self.all_written = asyncio.Event()
         self.wake = asyncio.Event()
         self.slot_freed = asyncio.Event()
         self.stopping = False
+        self.helpers: dict[str, asyncio.Task[None]] = {}
+        self.halted = asyncio.Event()  # a helper died
+        self.failure: WorkerFailed | None = None
         self.paused_until = 0.0  # monotonic time until which claiming is paused
         self.db_backoff = Backoff(*config.db_backoff)
         self.disabled_backoff = Backoff(*config.disabled_backoff)
@@ -177,20 +193,19 @@ class Worker:
     # --- the loop ---------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Dispatch until `stop` is set, then drain and return. May be called again after."""
+        """Dispatch until `stop` is set, then drain and return. May be called again after.
+
+        Raises WorkerFailed, once drained, if a helper task died."""
         self.stopping = False
+        self.failure = None
+        self.halted.clear()
         self.log.info(
             "worker_started",
             provider=self.provider.name,
             concurrency=self.config.concurrency,
             batch_size=self.config.batch_size,
         )
-        helpers = [
-            *(asyncio.create_task(self._run_regularly(job), name=job.name) for job in self.jobs),
-            asyncio.create_task(self._write_outcomes(), name="mailbag-finalizer"),
-            asyncio.create_task(self._keep_leases(), name="mailbag-leases"),
-            asyncio.create_task(self._listen(), name="mailbag-listen"),
-        ]
+        self._start_helpers()
         loop = asyncio.get_running_loop()
 
         def wake_from_any_thread() -> None:
@@ -198,7 +213,7 @@ class Worker:
 
         unsubscribe = wakeup.subscribe(wake_from_any_thread)
         try:
-            while not stop.is_set():
+            while not stop.is_set() and not self.halted.is_set():
                 # Cleared before the round, not after: a NOTIFY or a freed slot that comes
                 # while this round runs must still cut the next wait short.
                 self.wake.clear()
@@ -209,17 +224,52 @@ class Worker:
         finally:
             unsubscribe()
             await self._drain()
-            for task in helpers:
-                task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await self._stop_helpers()
             self.log.info("worker_stopped", **self.stats)
+        if self.failure is not None:
+            raise self.failure
+
+    def _start_helpers(self) -> None:
+        """The side tasks, started in one place and watched by `_helper_ended`."""
+        work = {job.name: self._run_regularly(job) for job in self.jobs}
+        work[FINALIZER] = self._write_outcomes()
+        work["mailbag-leases"] = self._keep_leases()
+        if self.dialect == "postgresql" and self.listen_url is not None:
+            work["mailbag-listen"] = self._listen(self.listen_url)
+        for name, coroutine in work.items():
+            task = asyncio.create_task(coroutine, name=name)
+            task.add_done_callback(self._helper_ended)
+            self.helpers[name] = task
+
+    def _helper_ended(self, task: asyncio.Task[None]) -> None:
+        """Each helper runs as long as the worker: its end, however it came, stops the worker
+        (a finalizer that died would leave the lease keeper renewing messages whose outcome
+        is never written)."""
+        if self.failure is not None:
+            return
+        error = None if task.cancelled() else task.exception()
+        what = "cancelled" if task.cancelled() else _describe(error) if error else "returned"
+        self.log.error("worker_helper_died", helper=task.get_name(), error=what, exc_info=error)
+        self.failure = WorkerFailed(
+            f"the worker's {task.get_name()} task died ({what}); "
+            "the worker drained and stopped: restart it"
+        )
+        self.failure.__cause__ = error
+        self.halted.set()
+
+    async def _stop_helpers(self) -> None:
+        helpers, self.helpers = list(self.helpers.values()), {}
+        for task in helpers:
+            task.remove_done_callback(self._helper_ended)  # ended on purpose
+            task.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
 
     async def _tick(self) -> bool:
         """One round of sweep and claim. True when a full batch was claimed (more is due)."""
         if time.monotonic() < self.paused_until:
             return False
         try:
-            await self._maybe_sweep()
+            await within(self.config.db_timeout, self._maybe_sweep())
             # Decided messages waiting for their finalize take no slot, but when the
             # database falls behind that much, stop claiming until it catches up.
             backlog = self.unwritten >= BACKLOG_FACTOR * self.config.concurrency
@@ -228,17 +278,10 @@ class Worker:
                 return False
             limit = min(self.config.batch_size, free)
             started = time.perf_counter()
-            async with self.engine.begin() as conn:
-                claim = await run_async(
-                    conn,
-                    store.claim(
-                        self.dialect,
-                        worker_id=self.config.worker_id,
-                        now=self.clock(),
-                        lease=self.config.lease,
-                        limit=limit,
-                    ),
-                )
+            # A claim given up on here, whose COMMIT had already reached the server, leaves
+            # rows nobody sends: the sweep makes them `unknown`, as for a connection lost
+            # during that COMMIT. Never a duplicate; the window is one round trip.
+            claim = await within(self.config.db_timeout, self._claim(limit))
             metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
             metrics.CLAIM_BATCH.observe(len(claim.messages))
             self.db_backoff.reset()
@@ -252,13 +295,26 @@ class Worker:
             self._dispatch(claim)
         return len(claim.messages) == limit
 
+    async def _claim(self, limit: int) -> store.Claim:
+        async with self.engine.begin() as conn:
+            return await run_async(
+                conn,
+                store.claim(
+                    self.dialect,
+                    worker_id=self.config.worker_id,
+                    now=self.clock(),
+                    lease=self.config.lease,
+                    limit=limit,
+                ),
+            )
+
     async def _wait_for_work(self, stop: asyncio.Event) -> None:
         """Sleep until woken (NOTIFY, an in-process enqueue, a freed slot) or the poll is due."""
         timeout = self.config.poll_interval
         pause = self.paused_until - time.monotonic()
         if pause > 0:
             timeout = pause
-        waiters = [asyncio.ensure_future(stop.wait())]
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.halted.wait())]
         if pause <= 0:
             full = self.sending >= self.config.concurrency
             waiters.append(asyncio.ensure_future((self.slot_freed if full else self.wake).wait()))
@@ -406,6 +462,7 @@ class Worker:
             batch = [await self.outcomes.get()]
             while not self.outcomes.empty():
                 batch.append(self.outcomes.get_nowait())
+            self.writing = batch  # if this task dies, the drain writes these again
             await self._finalize(batch)
 
     async def _finalize(self, batch: list[Outcome]) -> None:
@@ -415,32 +472,9 @@ class Worker:
         backoff = Backoff(*self.config.db_backoff)
         while True:
             try:
-                async with self.engine.begin() as conn:
-                    now = self.clock()
-                    results = []
-                    for token, items in by_token.items():
-                        finalized = await run_async(
-                            conn,
-                            store.finalize(
-                                self.dialect,
-                                token=token,
-                                outcomes=[_finalization(i) for i in items],
-                                now=now,
-                                actor=self.config.worker_id,
-                                provider=self.provider.name,
-                            ),
-                        )
-                        results.append((items, finalized))
-                        # Verifications follow their email in this same transaction.
-                        await run_async(
-                            conn,
-                            verification_store.follow_messages(
-                                self.dialect,
-                                finalized.changed,
-                                now=now,
-                                actor=self.config.worker_id,
-                            ),
-                        )
+                # Given up on after its COMMIT left, the retry finds the rows finalized
+                # and reports them stale: noisy, never wrong.
+                results = await within(self.config.db_timeout, self._write_batch(by_token))
                 break
             except DB_ERRORS as exc:
                 # The send happened; its outcome must not be lost. Keep it and try again.
@@ -449,13 +483,45 @@ class Worker:
                     "finalize_failed", error=_describe(exc), retry_in=delay, pending=len(batch)
                 )
                 await asyncio.sleep(delay)
-        for items, result in results:
-            self._log_finalized(items, result)
+        self.writing = []
         for item in batch:
             self.in_flight.pop(item.message.id, None)
         self.unwritten -= len(batch)
         if not self.unwritten:
             self.all_written.set()
+        for items, result in results:
+            self._log_finalized(items, result)
+
+    async def _write_batch(
+        self, by_token: Mapping[uuid.UUID, list[Outcome]]
+    ) -> list[tuple[list[Outcome], store.Finalized]]:
+        async with self.engine.begin() as conn:
+            now = self.clock()
+            results = []
+            for token, items in by_token.items():
+                finalized = await run_async(
+                    conn,
+                    store.finalize(
+                        self.dialect,
+                        token=token,
+                        outcomes=[_finalization(i) for i in items],
+                        now=now,
+                        actor=self.config.worker_id,
+                        provider=self.provider.name,
+                    ),
+                )
+                results.append((items, finalized))
+                # Verifications follow their email in this same transaction.
+                await run_async(
+                    conn,
+                    verification_store.follow_messages(
+                        self.dialect,
+                        finalized.changed,
+                        now=now,
+                        actor=self.config.worker_id,
+                    ),
+                )
+        return results
 
     def _log_finalized(self, items: Iterable[Outcome], result: store.Finalized) -> None:
         stale = set(result.stale)
@@ -505,20 +571,23 @@ class Worker:
             if not by_token:
                 continue
             try:
-                async with self.engine.begin() as conn:
-                    for token, ids in by_token.items():
-                        await run_async(
-                            conn,
-                            store.extend_lease(
-                                self.dialect,
-                                token=token,
-                                ids=ids,
-                                now=self.clock(),
-                                lease=self.config.lease,
-                            ),
-                        )
+                await within(self.config.db_timeout, self._extend_leases(by_token))
             except DB_ERRORS as exc:
                 self.log.warning("lease_extension_failed", error=_describe(exc))
+
+    async def _extend_leases(self, by_token: Mapping[uuid.UUID, list[uuid.UUID]]) -> None:
+        async with self.engine.begin() as conn:
+            for token, ids in by_token.items():
+                await run_async(
+                    conn,
+                    store.extend_lease(
+                        self.dialect,
+                        token=token,
+                        ids=ids,
+                        now=self.clock(),
+                        lease=self.config.lease,
+                    ),
+                )
 
     async def _run_regularly(self, job: PeriodicJob) -> None:
         """A job the entry point hands in (reconciliation), every so often; its failures are
@@ -533,12 +602,10 @@ class Worker:
             if outcome:
                 self.log.info(job.name, **outcome)
 
-    async def _listen(self) -> None:
-        if self.dialect != "postgresql" or self.listen_url is None:
-            return
+    async def _listen(self, url: str) -> None:
         from mailbag.store.listen import listen
 
-        await listen(self.listen_url, store.NOTIFY_CHANNEL, self.wake.set, self.log)
+        await listen(url, store.NOTIFY_CHANNEL, self.wake.set, self.log, self.config.db_timeout)
 
     async def _drain(self) -> None:
         """Stop claiming; finish, finalize or release everything this worker holds."""
@@ -553,12 +620,32 @@ class Worker:
             if not flight.started and not flight.decided:
                 self._decide(flight.token, flight.message, Disabled("worker shutting down"))
         if self.unwritten:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self.all_written.wait(), timeout=max(self.config.shutdown_grace, 5.0)
-                )
+            await self._write_the_rest()
         if self.unwritten:
             self.log.error("shutdown_with_unwritten_outcomes", count=self.unwritten)
+
+    async def _write_the_rest(self) -> None:
+        """Wait for the finalizer to write every known outcome. A dead finalizer is replaced
+        once, for the drain only, with the batch it held; what still cannot be written stays
+        `processing`, its lease no longer renewed, until a sweep makes it `unknown` (those
+        sends happened, or may have: never resent blindly)."""
+        writer = self.helpers.get(FINALIZER)
+        if writer is not None and writer.done():
+            for item in self.writing:
+                self.outcomes.put_nowait(item)
+            self.writing = []
+            writer = self.helpers[FINALIZER] = asyncio.create_task(
+                self._write_outcomes(), name=FINALIZER
+            )
+        written = asyncio.ensure_future(self.all_written.wait())
+        await asyncio.wait(
+            {written, *([writer] if writer else [])},
+            timeout=max(self.config.shutdown_grace, 5.0),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        written.cancel()
+        if writer is not None and writer.done() and not writer.cancelled() and writer.exception():
+            self.log.error("finalize_failed_at_shutdown", exc_info=writer.exception())
 
 
 def _finalization(item: Outcome) -> store.Finalization:

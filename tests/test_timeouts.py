@@ -1,0 +1,168 @@
+"""A database behind a network that swallows everything: fail fast, then recover.
+
+The API and a worker talk to PostgreSQL or MariaDB through a proxy that can black-hole
+traffic (tests/tcp_proxy.py): connections stay open and nothing answers, the partition
+that used to hang requests for 40 s and one pooled request for 15 minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from api_helpers import api_client, new_tenant
+from mailbag.settings import Settings
+from mailbag.store.database import DatabaseTimeout, make_async_engine, within
+from mailbag.templates import builtin
+from mailbag.worker import Worker, WorkerConfig
+from tcp_proxy import TcpProxy
+from test_worker import FAST_RETRY, enqueue
+
+from helpers import status_counts
+from memory_provider import MemoryProvider
+
+TIMEOUT = 2.0  # DATABASE_TIMEOUT_SECONDS in these tests (5 by default)
+SLACK = 1.5  # what an answer may take beyond it on a busy two-core test machine
+BODY = {"to": "ada@example.com", "template": "welcome", "data": {"name": "Ada"}}
+
+servers = pytest.mark.parametrize("db", ["postgresql", "mysql"], indirect=True)
+
+
+async def timed(request: Any) -> tuple[Any, float]:
+    started = time.monotonic()
+    answer = await request
+    return answer, time.monotonic() - started
+
+
+@servers
+async def test_the_api_answers_503_within_its_timeout_during_a_partition_then_recovers(db):
+    _, key = new_tenant(db)
+    with TcpProxy.to_database(db.url) as proxy:
+        async with api_client(
+            db, key, database_url=proxy.url(db.url), database_timeout_seconds=TIMEOUT
+        ) as api:
+            # Pooled connections exist, and the key is known: what hung for 15 minutes.
+            assert (await api.post("/v1/messages", json=BODY)).status_code == 201
+            proxy.black_hole()
+            answers = await asyncio.gather(
+                timed(api.post("/v1/messages", json=BODY, headers={"Idempotency-Key": "k-1"})),
+                timed(api.get("/v1/messages")),
+                timed(api.get("/readyz")),
+                # A new connection (the pool's are all taken) meets the partition at connect.
+                *(timed(api.get("/v1/messages")) for _ in range(25)),
+            )
+            for answer, seconds in answers:
+                assert answer.status_code == 503, answer.text
+                assert answer.headers["Retry-After"] == "5"
+                assert seconds < TIMEOUT + SLACK
+            assert answers[0][0].json()["type"].endswith("/database-unavailable")
+
+            proxy.heal()
+            again = await api.post("/v1/messages", json=BODY, headers={"Idempotency-Key": "k-1"})
+            assert again.status_code == 201
+            listed = await api.get("/v1/messages")
+            assert listed.status_code == 200 and len(listed.json()["items"]) == 2
+            assert (await api.get("/readyz")).status_code == 200
+
+
+@servers
+async def test_a_worker_notices_a_partition_within_its_timeout_and_delivers_after(db):
+    with TcpProxy.to_database(db.url) as proxy:
+        engine = make_async_engine(proxy.url(db.url), pool_size=4, statement_timeout=TIMEOUT)
+        provider = MemoryProvider()
+        worker = Worker(
+            engine=engine,
+            provider=provider,
+            catalog=builtin(),
+            config=WorkerConfig(
+                worker_id="w",
+                poll_interval=0.05,
+                sweep_every=0.05,
+                policy=FAST_RETRY,
+                db_timeout=TIMEOUT,
+                db_backoff=(0.2, 0.5),
+            ),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            enqueue(db, 1)
+            await wait_for(lambda: len(provider.sent) == 1, "the first email")
+            await wait_for(lambda: status_counts(db) == {"sent": 1}, "its outcome written")
+            proxy.black_hole()
+            started = time.monotonic()
+            await wait_for(lambda: worker.db_backoff.failures > 0, "the worker to notice")
+            assert time.monotonic() - started < TIMEOUT + SLACK
+            enqueue(db, 3)  # straight to the database, not through the partition
+            await asyncio.sleep(TIMEOUT)  # a few more rounds in the dark: nothing hangs
+            assert not task.done() and len(provider.sent) == 1
+            proxy.heal()
+            await wait_for(lambda: status_counts(db) == {"sent": 4}, "delivery after healing")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+            await engine.dispose()
+    assert len(provider.sent) == 4
+
+
+@servers
+async def test_an_outcome_written_during_a_partition_is_kept_and_written_after(db):
+    with TcpProxy.to_database(db.url) as proxy:
+        engine = make_async_engine(proxy.url(db.url), pool_size=4, statement_timeout=TIMEOUT)
+        provider = MemoryProvider()
+        provider.gate = asyncio.Event()
+        worker = Worker(
+            engine=engine,
+            provider=provider,
+            catalog=builtin(),
+            config=WorkerConfig(
+                worker_id="w", poll_interval=0.05, db_timeout=TIMEOUT, db_backoff=(0.2, 0.5)
+            ),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            enqueue(db, 2)
+            await wait_for(lambda: status_counts(db) == {"processing": 2}, "two sends in flight")
+            proxy.black_hole()
+            provider.gate.set()  # the sends finish into the partition
+            await wait_for(lambda: len(provider.sent) == 2, "the sends")
+            await asyncio.sleep(TIMEOUT + 0.5)  # the finalize times out, at least once
+            assert status_counts(db) == {"processing": 2}
+            proxy.heal()
+            await wait_for(lambda: status_counts(db) == {"sent": 2}, "the outcomes written")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+            await engine.dispose()
+    assert len(provider.sent) == 2
+
+
+async def test_within_gives_up_on_time_without_waiting_for_the_work_to_wind_down():
+    stubborn_exit = asyncio.Event()
+
+    async def work() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:  # like psycopg asking the server to cancel, across a partition
+            await asyncio.shield(stubborn_exit.wait())
+
+    started = time.monotonic()
+    with pytest.raises(DatabaseTimeout):
+        await within(0.1, work())
+    assert time.monotonic() - started < 1
+    stubborn_exit.set()
+    assert await within(1, asyncio.sleep(0, "done")) == "done"
+
+
+def test_the_database_timeout_defaults_to_five_seconds():
+    assert Settings().database_timeout_seconds == 5.0
+
+
+async def wait_for(condition: Any, what: str, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.05)
