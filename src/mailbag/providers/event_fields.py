@@ -3,7 +3,7 @@
 A provider's event is stored as it came (its raw JSON) next to a few columns read from it.
 Whatever an event holds, storing it must not fail: every database refuses something (NUL
 in PostgreSQL text and jsonb, lone surrogates in UTF-8, values longer than a column, NaN
-in jsonb, JSON nested deeper than 100 levels in MariaDB). A failed insert would answer 500
+in jsonb, JSON nested 32 levels deep in MariaDB). A failed insert would answer 500
 and the provider would retry the whole batch, so these functions give each column a value
 it accepts and the raw JSON a copy every database stores.
 """
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-RAW_DEPTH: Final = 32  # deeper than any provider nests; MariaDB refuses JSON past 100 levels
+RAW_DEPTH: Final = 24  # deeper than any provider nests; MariaDB's JSON_VALID stops at 32
 _TOO_DEEP: Final = "(nested too deep; dropped)"
 _LARGEST_INT: Final = 2**63 - 1  # beyond it MariaDB's JSON turns numbers into doubles
 
