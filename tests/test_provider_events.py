@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from mailbag.api.webhooks import SnsCertificates
 from mailbag.domain.events import (
     BounceType,
     EventKind,
@@ -22,14 +23,18 @@ from mailbag.domain.events import (
     proves_acceptance,
     suppresses,
 )
+from mailbag.providers import event_fields
 from mailbag.providers import ses as ses_provider
-from mailbag.providers.brevo_events import BREVO_EVENTS, parse_brevo_webhook
+from mailbag.providers.brevo_events import BREVO_EVENTS, parse_brevo_events, parse_brevo_webhook
 from mailbag.providers.ses_events import (
+    DEFAULT_CERT_HOSTS,
     MESSAGE_ID_TAG,
     SES_EVENTS,
     InvalidSignature,
     InvalidSnsMessage,
     SnsMessageType,
+    StaleMessage,
+    check_fresh,
     is_trusted_cert_url,
     parse_ses_notification,
     parse_sns_envelope,
@@ -37,7 +42,7 @@ from mailbag.providers.ses_events import (
     verify_sns_signature,
 )
 
-from sns_signing import SnsSigner, notification, shared_signer, string_to_sign
+from sns_signing import SnsSigner, notification, shared_signer, sns_time, string_to_sign
 
 DATA = Path(__file__).parent / "data" / "webhooks"
 K, B = EventKind, BounceType
@@ -715,3 +720,103 @@ def test_a_signed_recorded_notification_end_to_end(signer: SnsSigner) -> None:
         ("nobody@example.com", True, True),
         ("gone@example.net", True, True),
     ]
+
+
+# --- replays, certificates, storable fields ----------------------------------------------------
+
+
+def test_an_sns_message_older_than_an_hour_is_a_replay(signer: SnsSigner) -> None:
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+    def sent(at: datetime) -> Any:
+        return parse_sns_envelope(
+            json.dumps(signer.sign(notification("x", timestamp=sns_time(at))))
+        )
+
+    check_fresh(sent(now - timedelta(minutes=59)), now)
+    check_fresh(sent(now + timedelta(minutes=2)), now)  # clocks disagree a little
+    for at in (now - timedelta(hours=2), now + timedelta(hours=1)):
+        with pytest.raises(StaleMessage):
+            check_fresh(sent(at), now)
+    garbled = {**signer.sign(notification("x")), "Timestamp": "yesterday"}
+    with pytest.raises(StaleMessage):
+        check_fresh(parse_sns_envelope(json.dumps(garbled)), now)
+
+
+def test_an_expired_certificate_does_not_verify() -> None:
+    now = datetime.now(UTC)
+    expired = SnsSigner.create(valid_from=now - timedelta(days=9), valid_until=now - timedelta(1))
+    msg = parse_sns_envelope(json.dumps(expired.sign(notification("x"))))
+    verify_sns_signature(msg, expired.certificate_pem)  # the signature itself is good
+    with pytest.raises(InvalidSignature, match="not valid"):
+        verify_sns_signature(msg, expired.certificate_pem, now=now)
+
+
+def test_the_certificate_cache_is_bounded_in_size_and_time() -> None:
+    now = [0.0]
+    cache = SnsCertificates(DEFAULT_CERT_HOSTS, clock=lambda: now[0])
+    for n in range(SnsCertificates.SIZE + 10):
+        cache.put(f"https://sns.us-east-1.amazonaws.com/{n}.pem", b"pem")
+    assert len(cache) == SnsCertificates.SIZE
+    assert cache.cached("https://sns.us-east-1.amazonaws.com/0.pem") is None  # the oldest went
+    newest = f"https://sns.us-east-1.amazonaws.com/{SnsCertificates.SIZE + 9}.pem"
+    assert cache.cached(newest) == b"pem"
+    now[0] += SnsCertificates.TTL
+    assert cache.cached(newest) is None  # fetched again after TTL: AWS rotates certificates
+
+
+def test_a_bad_event_in_a_brevo_batch_is_skipped_with_its_reason() -> None:
+    good = brevo_event("delivered")
+    events, problems = parse_brevo_events([good, {"event": "nope"}, 7, {"email": "x"}])
+    assert [e.provider_event for e in events] == ["delivered"]
+    assert [type(p) for p in problems] == [UnsupportedEvent, InvalidPayload, InvalidPayload]
+    with pytest.raises(UnsupportedEvent):
+        parse_brevo_webhook([good, {"event": "nope"}])  # the strict reader: all or nothing
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("plain", "plain"),
+        ("a\x00b", "a\ufffdb"),
+        ("lone \ud800 half", "lone \ufffd half"),
+        ("zoë 😀", "zoë 😀"),
+    ],
+)
+def test_text_is_cleaned_of_what_databases_refuse(value: str, expected: str) -> None:
+    assert event_fields.clean(value) == expected
+    assert event_fields.text(f"  {value} ", 100) == expected
+
+
+def test_overlong_ids_are_dropped_and_details_cut() -> None:
+    assert event_fields.identifier("x" * 255, 255) == "x" * 255
+    assert event_fields.identifier("x" * 256, 255) is None
+    assert event_fields.text("x" * 5000, 2000) == "x" * 2000
+    assert event_fields.text(12, 10) is None and event_fields.identifier(["a"], 10) is None
+
+
+def test_raw_json_is_made_storable() -> None:
+    deep: Any = "bottom"
+    for _ in range(100):
+        deep = [deep]
+    raw = event_fields.raw_json(
+        {
+            "a\x00": "b\ud800",
+            "nan": float("nan"),
+            "inf": float("-inf"),
+            "big": -(10**40),
+            "ok": [1, 2.5, True, None],
+            "deep": deep,
+        }
+    )
+    assert raw["a\ufffd"] == "b\ufffd" and raw["nan"] is None and raw["inf"] is None
+    assert raw["big"] == str(-(10**40)) and raw["ok"] == [1, 2.5, True, None]
+    text = json.dumps(raw, allow_nan=False)  # no NaN left
+    assert text.count("[") <= event_fields.RAW_DEPTH and "nested too deep" in text
+
+
+def test_event_times_must_be_plausible() -> None:
+    with pytest.raises(InvalidPayload):
+        parse_brevo_webhook(brevo_event("delivered", ts_epoch=253_402_300_800_000))
+    with pytest.raises(InvalidPayload):
+        parse_ses_notification(ses_record("Send", "send", timestamp="0001-01-01T00:00:00+14:00"))
