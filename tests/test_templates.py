@@ -47,7 +47,13 @@ def test_a_users_folder_adds_and_overrides_templates(tmp_path):
     [
         ("welcome", {}, "'name' is undefined"),
         ("missing", {}, "unknown template"),
-        ("multiline", {"x": "a\nBcc: evil@example.com"}, "several lines"),
+        ("multiline", {"x": "a\nBcc: evil@example.com"}, "line break"),
+        # Every character str.splitlines() breaks at, not only CR and LF.
+        ("multiline", {"x": "a\u2028Bcc: evil@example.com"}, "line break"),
+        ("multiline", {"x": "a\x85b"}, "line break"),
+        ("multiline", {"x": "a\x0bb"}, "line break"),
+        ("multiline", {"x": "a\x1cb"}, "line break"),
+        ("multiline", {"x": "a\x07b"}, "control character"),
     ],
 )
 def test_rendering_refuses_what_would_be_a_broken_email(tmp_path, name, data, complaint):
@@ -59,3 +65,12 @@ def test_rendering_refuses_what_would_be_a_broken_email(tmp_path, name, data, co
 def test_a_missing_templates_folder_is_a_clear_error(tmp_path):
     with pytest.raises(TemplateError, match="does not exist"):
         Catalog(tmp_path / "nope")
+
+
+def test_a_callers_subject_is_kept_exactly_and_a_templates_is_trimmed(tmp_path):
+    write_template(tmp_path, "plain", "  Hi {{ x }}  \n", "<p></p>", "")
+    catalog = Catalog(tmp_path)
+    assert catalog.render("plain", {"x": "y"}).subject == "Hi y"
+    assert catalog.render("plain", {"x": "y"}, " as  written ").subject == " as  written "
+    with pytest.raises(TemplateError, match="empty"):
+        catalog.render("plain", {"x": "y"}, "   ")

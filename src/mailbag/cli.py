@@ -22,6 +22,7 @@ from sqlalchemy import Engine
 
 from mailbag import log, providers, runtime, templates
 from mailbag.clock import utcnow
+from mailbag.compose import check_renders
 from mailbag.domain import states
 from mailbag.domain.message import InvalidMessage, new_message
 from mailbag.domain.states import Status
@@ -137,7 +138,9 @@ def enqueue(
             tags=tag or [],
             send_at=when,
             known_templates=catalog.names(),
+            address_rules=settings.address_rules,
         )
+        check_renders(message, catalog)
     except (InvalidMessage, templates.TemplateError) as exc:
         fail(f"invalid message: {exc}")
     engine = migrated_engine(settings)

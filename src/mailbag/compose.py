@@ -20,8 +20,14 @@ from email.utils import format_datetime
 from functools import cached_property
 from typing import Any
 
-from mailbag.domain.message import STRUCTURED_HEADERS, Message, ascii_domain
-from mailbag.templates import Catalog
+from mailbag.domain.message import (
+    STRUCTURED_HEADERS,
+    InvalidMessage,
+    Message,
+    NewMessage,
+    ascii_domain,
+)
+from mailbag.templates import Catalog, TemplateError
 
 MESSAGE_ID_HEADER = "X-Mailbag-Message-ID"
 
@@ -116,7 +122,7 @@ class OutgoingEmail:
             lines.append(_literal(name, value) if structured else _text(name, value))
         lines += [
             "MIME-Version: 1.0",
-            f'Content-Type: multipart/alternative; boundary="{boundary}"',
+            f'Content-Type: multipart/alternative;\r\n boundary="{boundary}"',
             "",
         ]
         head = "\r\n".join(lines).encode("utf-8" if utf8 else "ascii")
@@ -166,6 +172,18 @@ def compose(
     )
 
 
+def check_renders(message: NewMessage, catalog: Catalog) -> None:
+    """Render a new message once, before it is written, so that what would fail at send
+    time -- a missing template variable, data that puts a line break into the subject --
+    is refused now (InvalidMessage) instead of ending `failed` later. For callers whose
+    data is complete at enqueue (the API and the CLI; a verification's token joins only
+    at render time)."""
+    try:
+        catalog.render(message.template_name, message.template_data, message.subject)
+    except TemplateError as exc:
+        raise InvalidMessage({"template": f"does not render with this data: {exc}"}) from None
+
+
 # --- writing headers ------------------------------------------------------------------
 #
 # Text goes out literally only when every decoder reads it back the same: printable ASCII
@@ -201,6 +219,8 @@ def _fold(name: str, tokens: Sequence[str]) -> str:
 
 def _text(name: str, value: str) -> str:
     """An unstructured header (Subject, a custom X- header) that decodes to `value`."""
+    if not value:
+        return f"{name}:"
     words = value.split(" ")
     if _is_plain(value) and len(name) + 2 + max(len(w) for w in words) <= LINE_HARD_MAX:
         return _fold(name, words)

@@ -11,7 +11,8 @@ from mailbag.api.deps import KeyDep, NowDep, ServicesDep, TenantDep
 from mailbag.api.problems import COMMON, documented
 from mailbag.api.replay import replayed
 from mailbag.api.schemas import MessageCreate, MessageOut, MessagePage
-from mailbag.domain.message import InvalidMessage, new_message, normalize_address
+from mailbag.compose import check_renders
+from mailbag.domain.message import ANY_ADDRESS, InvalidMessage, new_message, normalize_address
 from mailbag.domain.states import Status
 
 router = APIRouter(prefix="/v1/messages", tags=["messages"])
@@ -42,7 +43,9 @@ async def create_message(
         tenant_id=tenant.id,
         idempotency_key=key,
         known_templates=svc.catalog_names,
+        address_rules=svc.settings.address_rules,
     )
+    check_renders(message, svc.catalog)
     result = await svc.messages.create(key=key, message=message, now=now)
     return replayed(result, response, "POST /v1/messages")
 
@@ -69,7 +72,7 @@ async def list_messages(
 ) -> Any:
     """Newest first; pass `next_cursor` back as `cursor` for the next page."""
     try:
-        recipient = normalize_address(to) if to else None
+        recipient = normalize_address(to, ANY_ADDRESS) if to else None
     except ValueError as exc:
         raise InvalidMessage({"to": f"is not a valid email address: {exc}"}) from None
     return await svc.messages.list(

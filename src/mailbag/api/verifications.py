@@ -35,7 +35,7 @@ async def request_verification(
     a request under another key is a 409 whose `active_verification_id` names it: resend
     that one instead of starting a second."""
     try:
-        email = normalize_address(body.email)
+        email = normalize_address(body.email, svc.settings.address_rules)
     except ValueError as exc:
         raise InvalidMessage({"email": f"is not a valid email address: {exc}"}) from None
     if body.template not in svc.catalog_names:

@@ -363,10 +363,7 @@ def _tags(tags: Sequence[str], errors: dict[str, str]) -> list[str]:
             or len(tag) > TAG_MAX
             or unsafe_text(tag, tab=False) is not None
         ):
-            errors["tags"] = (
-                f"each tag is 1 to {TAG_MAX} characters without line breaks or control "
-                "characters"
-            )
+            errors["tags"] = f"each tag is 1 to {TAG_MAX} characters, no control characters"
             return []
     return list(dict.fromkeys(tags))
 

@@ -285,6 +285,7 @@ class Verifications:
                 "expires_at": v.expires_at.strftime("%Y-%m-%d %H:%M UTC"),
             },
             metadata=reference.metadata(),
+            address_rules=self.settings.address_rules,
         )
         (enqueued,) = await outbox_service.enqueue_many_async(
             conn, [message], max_attempts=self.settings.max_attempts, actor=ACTOR, now=now

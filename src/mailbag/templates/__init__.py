@@ -19,6 +19,8 @@ from typing import Any
 
 import jinja2
 
+from mailbag.domain.message import unsafe_text
+
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 PARTS = ("subject.txt", "body.html", "body.txt")
 
@@ -68,19 +70,21 @@ class Catalog:
         if name not in self._names:
             raise TemplateError(f"unknown template {name!r}")
         try:
+            # A caller's subject is sent exactly as given; a template's loses the blank
+            # space around it (subject.txt ends with a newline).
             subject_text = (
                 subject
                 if subject is not None
-                else self._text.get_template(f"{name}/subject.txt").render(data)
+                else self._text.get_template(f"{name}/subject.txt").render(data).strip()
             )
             html = self._html.get_template(f"{name}/body.html").render(data)
             text = self._text.get_template(f"{name}/body.txt").render(data)
         except jinja2.TemplateError as exc:
             raise TemplateError(f"template {name!r}: {type(exc).__name__}: {exc}") from exc
-        subject_text = subject_text.strip()
-        if "\r" in subject_text or "\n" in subject_text:
-            raise TemplateError(f"template {name!r}: the rendered subject spans several lines")
-        if not subject_text:
+        problem = unsafe_text(subject_text)  # the rule enqueue applies to a given subject
+        if problem is not None:
+            raise TemplateError(f"template {name!r}: the rendered subject {problem}")
+        if not subject_text.strip():
             raise TemplateError(f"template {name!r}: the rendered subject is empty")
         return Rendered(subject_text, html, text)
 
