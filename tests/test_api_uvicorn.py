@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Iterator
 
 import httpx
 import pytest
 from sqlalchemy import func, select
 
-from api_helpers import new_tenant
+from api_helpers import new_tenant, settings_for
+from mailbag.api import create_app
 from mailbag.store.schema import email_verifications, idempotency_records, outbox_messages
-from servers import free_port, mailbag_env, start_mailbag, stop, wait_until_up
+from servers import free_port, mailbag_env, start_mailbag, stop, uvicorn_thread, wait_until_up
 
 CONCURRENT = 50
 
@@ -50,3 +53,30 @@ async def test_fifty_identical_requests_make_one_resource(db, path, body):
         assert count(outbox_messages) == 1  # one email will be sent
         assert count(idempotency_records) == 1
         assert count(email_verifications) == (1 if "verifications" in path else 0)
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_a_chunked_body_over_the_limit_is_a_413_over_real_http(db):
+    _, key = new_tenant(db)
+
+    def chunks(total: int, size: int = 16 * 1024) -> Iterator[bytes]:
+        for start in range(0, total, size):
+            yield b" " * min(size, total - start)
+
+    body = json.dumps({"to": "chunked@example.com", "template": "welcome", "data": {"name": "C"}})
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    with (
+        uvicorn_thread(create_app(settings_for(db))) as base,
+        httpx.Client(base_url=base) as client,
+    ):
+        # A generator body has no length: httpx sends it with Transfer-Encoding: chunked.
+        too_big = client.post("/v1/messages", content=chunks(300 * 1024), headers=headers)
+        fine = client.post(
+            "/v1/messages", content=iter([body[:7].encode(), body[7:].encode()]), headers=headers
+        )
+    assert "content-length" not in too_big.request.headers
+    assert too_big.request.headers["transfer-encoding"] == "chunked"
+    assert too_big.status_code == 413, too_big.text
+    assert too_big.headers["content-type"] == "application/problem+json"
+    assert too_big.json()["type"].endswith("/body-too-large")
+    assert fine.status_code == 201, fine.text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -63,6 +64,33 @@ class _StderrLogger:
         print(message, file=sys.stderr, flush=True)
 
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
+def exception_fields(exc: BaseException) -> dict[str, Any]:
+    """What a log line may say about an error whose message may quote a request: a
+    database error repeats the statement's parameters (recipient, Idempotency-Key, data)
+    and PostgreSQL quotes the JSON it refused. So: the type, the driver's error code, and
+    each exception of the chain with the frames it passed through, never a message."""
+    fields: dict[str, Any] = {"error": type(exc).__name__}
+    orig = getattr(exc, "orig", None)  # a SQLAlchemy DBAPIError's driver exception
+    args = getattr(orig, "args", ())
+    errno = args[0] if args and isinstance(args[0], int) else None  # MySQL's; never a message
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "sqlite_errorname", None) or errno
+    if code is not None:
+        fields["error_code"] = code
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+    fields["stack"] = "".join(
+        f"{type(e).__module__}.{type(e).__qualname__}\n"
+        + "".join(traceback.format_tb(e.__traceback__))
+        for e in reversed(chain)
+    )
+    return fields
 
 
 def get(name: str | None = None, **context: Any) -> Any:

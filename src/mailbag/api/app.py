@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -85,7 +86,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
     install_error_handlers(app)
     app.add_middleware(DatabaseDeadline, seconds=settings.database_timeout_seconds)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.middleware("http")(request_context)
+    app.add_middleware(RequestContext)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:
@@ -143,41 +144,81 @@ def app_from_environment() -> FastAPI:
     return create_app(Settings())
 
 
-async def request_context(
-    request: Request, call_next: Callable[[Request], Awaitable[Response]]
-) -> Response:
-    """A request id on every log line and response; one access line per request."""
-    request_id = request.headers.get("x-request-id", "")[:100] or uuid.uuid4().hex
-    structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request_id)
-    started = time.perf_counter()
-    if (
-        request.method == "POST"
-        and request.url.path.startswith(JSON_BODY_PATHS)
-        and request.headers.get("content-length") not in (None, "0")
-        and "json" not in request.headers.get("content-type", "")
-    ):
-        response: Response = problem_response(
-            415,
-            "unsupported-media-type",
-            "Unsupported media type",
-            "send the body as application/json",
-        )
-    else:
-        response = await call_next(request)
-    response.headers["X-Request-ID"] = request_id
-    log.get("mailbag.api").info(
-        "request",
-        method=request.method,
-        path=request.url.path,
-        status=response.status_code,
-        duration_ms=round((time.perf_counter() - started) * 1000, 2),
+class RequestContext:
+    """A request id on every log line and response, and one access line for every request,
+    a 500 included: nothing raised inside gets past this middleware. An unhandled error is
+    logged without its message (it may quote the request) and answered with a problem."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        request_id = headers.get("x-request-id", "")[:100] or uuid.uuid4().hex
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        started = time.perf_counter()
+        status: int | None = None
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                MutableHeaders(scope=message)["X-Request-ID"] = request_id
+            await send(message)
+
+        app = self.app
+        if _not_json(scope, headers):
+            app = problem_response(
+                415,
+                "unsupported-media-type",
+                "Unsupported media type",
+                "send the body as application/json",
+            )
+        try:
+            await app(scope, receive, send_with_id)
+        except Exception as exc:
+            answer = internal_error(exc)
+            if status is None:  # else the answer had begun: the server drops the connection
+                await answer(scope, receive, send_with_id)
+        finally:
+            log.get("mailbag.api").info(
+                "request",
+                method=scope["method"],
+                path=scope["path"],
+                status=status,
+                duration_ms=round((time.perf_counter() - started) * 1000, 2),
+            )
+
+
+def _not_json(scope: Scope, headers: Headers) -> bool:
+    has_body = headers.get("content-length") not in (None, "0") or "transfer-encoding" in headers
+    return (
+        scope["method"] == "POST"
+        and scope["path"].startswith(JSON_BODY_PATHS)
+        and has_body
+        and "json" not in headers.get("content-type", "")
     )
-    return response
+
+
+def internal_error(exc: BaseException) -> Response:
+    """Log an unhandled error (its types and frames, never its message) and answer 500."""
+    log.get("mailbag.api").error("unhandled_error", **log.exception_fields(exc))
+    return problem_response(
+        500,
+        "internal-error",
+        "Internal server error",
+        "the error was logged with this request's id",
+    )
 
 
 class BodyLimit:
-    """Refuse bodies over the limit (413), declared or streamed, before anything reads them."""
+    """Refuse bodies over the limit (413), declared or streamed (chunked), before the app
+    sees any of it: a body without a Content-Length is read here, up to the limit, and
+    handed on whole, so the limit never depends on how the app reads it."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -186,32 +227,30 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length")
+        declared = Headers(scope=scope).get("content-length")
         too_large = problem_response(
             413, "body-too-large", "Request body too large", f"the limit is {self.max_bytes} bytes"
         )
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await too_large(scope, receive, send)
             return
-        seen = 0
-
-        async def counting_receive() -> Message:
-            nonlocal seen
+        body = bytearray()
+        more = True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away: nobody to answer
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+            more = message.get("more_body", False)
+        whole: list[Message] = [{"type": "http.request", "body": bytes(body), "more_body": False}]
 
-        try:
-            await self.app(scope, counting_receive, send)
-        except BodyTooLarge:
-            await too_large(scope, receive, send)
+        async def replay() -> Message:
+            return whole.pop() if whole else await receive()
 
-
-class BodyTooLarge(Exception):
-    pass
+        await self.app(scope, replay, send)
 
 
 def _tenant() -> str:
@@ -373,10 +412,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @handle(Exception)
     def _internal(exc: Exception) -> Response:
-        log.get("mailbag.api").error("unhandled_error", error=type(exc).__name__, exc_info=exc)
-        return problem_response(
-            500,
-            "internal-error",
-            "Internal server error",
-            "the error was logged with this request's id",
-        )
+        return internal_error(exc)
