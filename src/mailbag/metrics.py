@@ -70,6 +70,8 @@ def configure(*, tenant_labels: bool) -> None:
 
 def tenant_label(tenant_id: str) -> str:
     return tenant_id if _tenant_labels else ALL_TENANTS
+
+
 RECONCILIATIONS = Counter(
     "mailbag_reconciliation_outcomes_total",
     "What reconciliation concluded about unknown messages.",
