@@ -58,20 +58,6 @@ FINGERPRINT_CONFLICTS = Counter(
     "Idempotency keys reused for a different request (by tenant if METRICS_TENANT_LABELS).",
     ["tenant"],
 )
-ALL_TENANTS = "all"
-_tenant_labels = False
-
-
-def configure(*, tenant_labels: bool) -> None:
-    """Whether series may name tenants (the process's settings; off by default)."""
-    global _tenant_labels
-    _tenant_labels = tenant_labels
-
-
-def tenant_label(tenant_id: str) -> str:
-    return tenant_id if _tenant_labels else ALL_TENANTS
-
-
 RECONCILIATIONS = Counter(
     "mailbag_reconciliation_outcomes_total",
     "What reconciliation concluded about unknown messages.",
@@ -112,3 +98,16 @@ OUTCOME_COUNTERS = {
     "unknown": UNKNOWN,
     "retrying": RETRIED,
 }
+
+ALL_TENANTS = "all"
+_tenant_labels = False
+
+
+def configure(*, tenant_labels: bool) -> None:
+    """Whether series may name tenants (the process's settings; off by default)."""
+    global _tenant_labels
+    _tenant_labels = tenant_labels
+
+
+def tenant_label(tenant_id: str) -> str:
+    return tenant_id if _tenant_labels else ALL_TENANTS
