@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from sqlalchemy import select
 
-from api_helpers import TEST_SECRET_KEY, api_client, new_tenant, settings_for
+from api_helpers import api_client, new_tenant
 from mailbag.domain.delivery import Ambiguous, Rejected
 from mailbag.domain.states import Action
-from mailbag.domain.verification import Tokens, VState, digest, v_can_move
+from mailbag.domain.verification import VState, digest, v_can_move
 from mailbag.store import outbox as store
 from mailbag.store.plan import run_async
 from mailbag.store.schema import email_verifications, idempotency_records, verification_events
 from mailbag.store.verifications import follow_messages
-from mailbag.templates import builtin
-from mailbag.worker import Worker, WorkerConfig
+from verification_helpers import deliver, request, token_in, tokens
 
-from helpers import get, run_worker_until, status_counts
+from helpers import get
 from memory_provider import MemoryProvider
 
 
@@ -31,47 +28,6 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
-
-
-def request(
-    api: Any, email: str = "new.user@example.com", key: str = "signup-1", **body: Any
-) -> Any:
-    return api.post(
-        "/v1/email-verifications", json={"email": email, **body}, headers={"Idempotency-Key": key}
-    )
-
-
-async def deliver(
-    db: Any, async_engine: Any, provider: MemoryProvider | None = None
-) -> MemoryProvider:
-    """Run a worker until the outbox has nothing left to claim."""
-    provider = provider or MemoryProvider()
-    worker = Worker(
-        engine=async_engine,
-        provider=provider,
-        catalog=builtin(),
-        config=WorkerConfig(worker_id="w", poll_interval=0.02, tokens=tokens(db)),
-    )
-
-    def settled() -> bool:
-        counts = status_counts(db)
-        return not counts.get("pending") and not counts.get("processing") and not worker.in_flight
-
-    await run_worker_until(worker, settled)
-    return provider
-
-
-def tokens(db: Any) -> Tokens:
-    """What the API and the worker derive tokens with (from TEST_SECRET_KEY)."""
-    settings = settings_for(db)
-    assert settings.secret_key and settings.secret_key.get_secret_value() == TEST_SECRET_KEY
-    return settings.verification_tokens
-
-
-def token_in(email: Any) -> str:
-    match = re.search(r"Your confirmation code: (\S+)", email.text)
-    assert match, email.text
-    return match.group(1)
 
 
 async def test_request_send_confirm_and_replay(db, async_engine):

@@ -27,6 +27,7 @@ from mailbag.domain.ids import uuid7
 from mailbag.domain.message import new_message
 from mailbag.domain.states import Status
 from mailbag.domain.verification import (
+    ACTIVE,
     FINAL,
     MAX_CONFIRM_ATTEMPTS,
     UNFINISHED,
@@ -219,6 +220,10 @@ class Verifications:
             v = await self._fresh(conn, tenant_id, verification_id, now)
             if v.state in FINAL:
                 raise AlreadyFinished(v.state)
+            if v.state not in ACTIVE:  # a failed one: resending makes it active again
+                active = await run_async(conn, store.active_for(tenant_id, v.email))
+                if active is not None:  # but a newer request has the address now
+                    raise ActiveVerificationExists(active.id)
             await self._check_limits(conn, tenant_id, v.email, now)
             if v.message_id is not None:  # the old email, if still unsent, is withdrawn
                 await run_async(
