@@ -45,13 +45,12 @@ def text_problem(text: str) -> str | None:
 def time_problem(when: datetime) -> str | None:
     if when.tzinfo is None:
         return None  # a naive time is refused by the message rules, with their own words
+    out_of_range = "must lie between the years 1000 and 9999 once converted to UTC"
     try:
-        utc = when.astimezone(UTC)
+        utc = when.astimezone(UTC)  # year 1 at +01:00 or 9999 at -01:00 overflows here
     except OverflowError:
-        return "is outside the representable range when converted to UTC"
-    if not EARLIEST <= utc <= LATEST:
-        return "must lie between the years 1000 and 9999 (UTC)"
-    return None
+        return out_of_range
+    return None if EARLIEST <= utc <= LATEST else out_of_range
 
 
 def check(value: object, max_depth: int = MAX_JSON_DEPTH) -> None:
