@@ -14,11 +14,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import MetaData, select
 
 from api_helpers import api_client, new_tenant
+from mailbag.api import create_app
 from mailbag.domain.verification import digest
+from mailbag.keys import MissingSecretKey
 from mailbag.providers.file import FileProvider
+from mailbag.settings import Settings
+from mailbag.worker import WorkerConfig
 from verification_helpers import deliver, request, resend, token_in, tokens
 
 REDIRECT = "https://app.example.com/verify?step=2"
@@ -98,3 +103,16 @@ async def test_no_token_or_link_is_ever_stored_and_the_emailed_one_confirms(
         assert confirmed.status_code == 200 and confirmed.json()["state"] == "verified"
     # The codes are the ones the deployment key derives, and nothing else can make them.
     assert codes == [tokens(db).token(uuid.UUID(v["id"]), n) for n in (1, 2)]
+
+
+async def test_without_the_key_neither_api_nor_worker_starts_on_a_database_server(db):
+    settings = Settings.model_validate({"database_url": db.url, "log_level": "WARNING"})
+    if db.dialect == "sqlite":  # the embedded default keeps its own key beside the file
+        assert WorkerConfig.from_settings(settings).tokens == settings.verification_tokens
+        return
+    with pytest.raises(MissingSecretKey, match="MAILBAG_SECRET_KEY"):
+        WorkerConfig.from_settings(settings)
+    app = create_app(settings)
+    with pytest.raises(MissingSecretKey, match="MAILBAG_SECRET_KEY"):
+        async with app.router.lifespan_context(app):
+            pass

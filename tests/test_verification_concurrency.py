@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import func, select
 
-from api_helpers import api_client, new_tenant
-from mailbag.domain.verification import digest
+from api_helpers import api_client, new_tenant, settings_for
+from mailbag.domain.verification import VAction, digest
+from mailbag.services.verification import RotatedMeanwhile, Verifications
+from mailbag.store import verifications as store
+from mailbag.store.plan import run_async
 from mailbag.store.schema import email_verifications, outbox_messages, verification_sends
 from servers import free_port, mailbag_env, start_mailbag, stop, wait_until_up
 from verification_helpers import deliver, request, resend, token_in, tokens
@@ -172,3 +176,35 @@ async def test_concurrent_resends_across_two_api_processes(db, async_engine):
     sends = check_one_rotation_per_accepted_resend(db, v["id"], statuses)
     async with api_client(db, key) as api:
         await check_newest_confirms(db, async_engine, api, v["id"], sends)
+
+
+async def test_a_rotation_from_a_stale_read_changes_nothing_and_is_retried(db, async_engine):
+    """The guard under the lock: a send that read an older send number moves nothing (so it
+    can never store a digest no email carries); the resend reads again and rotates once."""
+    tenant_id, key = new_tenant(db)
+    service = Verifications(async_engine, db.dialect, settings_for(db))
+    async with api_client(db, key) as api:
+        v = (await request(api)).json()
+    vid = uuid.UUID(v["id"])
+    async with async_engine.connect() as conn:
+        stale = await run_async(conn, store.get(vid, tenant_id))
+    now = datetime.now(UTC)
+    await service.resend(tenant_id=tenant_id, key="first", verification_id=vid, now=now)
+    with pytest.raises(RotatedMeanwhile):
+        async with async_engine.begin() as conn:
+            await service._send(conn, stale, {}, now, VAction.RESEND)
+    assert stored(db, v["id"])[:2] == (2, digest(tokens(db).token(vid, 2)))
+
+    # A resend that loses the race once reads again and rotates exactly once.
+    real_send, lost = service._send, []
+
+    async def lose_once(conn: Any, fresh: Any, *args: Any) -> Any:
+        if not lost:
+            lost.append(fresh.send_count)
+            raise RotatedMeanwhile()
+        return await real_send(conn, fresh, *args)
+
+    service._send = lose_once  # type: ignore[method-assign]
+    r = await service.resend(tenant_id=tenant_id, key="second", verification_id=vid, now=now)
+    assert r.status == 200 and r.body["send_count"] == 3 and lost == [2]
+    assert stored(db, v["id"])[0] == 3
