@@ -8,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, exc, text
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -20,9 +20,62 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
+# Any fixed number/name will do: it only has to be the same for every mailbag process.
+LOCK_ID = 0x6D61_696C_6261_67  # "mailbag"
+LOCK_NAME = "mailbag.migrate:"  # + the database's name: MariaDB's named locks are server-wide
+LOCK_WAIT_SECONDS = 600
+
+
+class MigrationLockTimeout(RuntimeError):
+    pass
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    with engine.begin() as connection:
-        command.upgrade(alembic_config(connection), revision)
+    """Upgrade under a database lock, so that migrations started side by side (replicas,
+    scripts) run one after the other: the later ones find the schema current.
+
+    PostgreSQL: a transaction-level advisory lock, released with the migration's transaction.
+    MariaDB: GET_LOCK on the connection (its DDL commits implicitly, so a transaction could
+    not hold it). SQLite: the engine's BEGIN IMMEDIATE already takes the write lock.
+    """
+    dialect = engine.dialect.name
+    with engine.connect() as connection:
+        if dialect == "mysql":
+            _mysql_lock(connection)
+        try:
+            with connection.begin():
+                if dialect == "postgresql":
+                    connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": LOCK_ID})
+                command.upgrade(alembic_config(connection), revision)
+        finally:
+            if dialect == "mysql":
+                _mysql_unlock(connection)
+
+
+def _mysql_lock_name(connection: Connection) -> str:
+    return f"{LOCK_NAME}{connection.engine.url.database or ''}"[:64]  # the longest allowed
+
+
+def _mysql_lock(connection: Connection) -> None:
+    name = _mysql_lock_name(connection)
+    got = connection.execute(
+        text("SELECT GET_LOCK(:name, :wait)"), {"name": name, "wait": LOCK_WAIT_SECONDS}
+    ).scalar()
+    connection.commit()  # GET_LOCK belongs to the session, not to this transaction
+    if got != 1:
+        raise MigrationLockTimeout(
+            f"another migration held the lock {name!r} for {LOCK_WAIT_SECONDS} s"
+        )
+
+
+def _mysql_unlock(connection: Connection) -> None:
+    try:
+        connection.execute(
+            text("SELECT RELEASE_LOCK(:name)"), {"name": _mysql_lock_name(connection)}
+        )
+        connection.commit()
+    except exc.DBAPIError:
+        connection.invalidate()  # a closed session holds no lock; never pool one that might
 
 
 def head_revision() -> str | None:
