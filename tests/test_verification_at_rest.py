@@ -19,12 +19,14 @@ from sqlalchemy import MetaData, select
 
 from api_helpers import api_client, new_tenant
 from mailbag.api import create_app
-from mailbag.domain.verification import digest
+from mailbag.domain.verification import EmailReference, Tokens, digest
 from mailbag.keys import MissingSecretKey
 from mailbag.providers.file import FileProvider
 from mailbag.settings import Settings
 from mailbag.worker import WorkerConfig
 from verification_helpers import deliver, request, resend, token_in, tokens
+
+from helpers import enqueue
 
 REDIRECT = "https://app.example.com/verify?step=2"
 
@@ -116,3 +118,28 @@ async def test_without_the_key_neither_api_nor_worker_starts_on_a_database_serve
     with pytest.raises(MissingSecretKey, match="MAILBAG_SECRET_KEY"):
         async with app.router.lifespan_context(app):
             pass
+
+
+async def test_an_email_queued_before_the_upgrade_still_goes_out_with_its_stored_token(
+    db, async_engine
+):
+    """Emails written by an older mailbag carry their token in their data and no send
+    number: they render as written (and expire with their verification)."""
+    legacy = {"verification_id": str(uuid.uuid4()), "secret_fields": ["token", "link"]}
+    data = {"email": "a@example.com", "token": "legacy-token", "link": None, "expires_at": "x"}
+    enqueue(db, to="a@example.com", template="verify-email", data=data, metadata=legacy)
+    (sent,) = (await deliver(db, async_engine)).sent
+    assert token_in(sent) == "legacy-token"
+
+
+def test_a_reference_names_its_send_and_the_link_keeps_the_callers_query():
+    vid = uuid.uuid4()
+    reference = EmailReference(vid, 3, REDIRECT)
+    assert EmailReference.from_metadata(reference.metadata()) == reference
+    derive = Tokens(b"k" * 32)
+    secrets = reference.secrets(derive.token(vid, 3))
+    assert secrets["link"] == f"{REDIRECT}&verification_id={vid}&token={secrets['token']}"
+    assert len(secrets["token"] or "") == 43 and derive.token(vid, 3) != derive.token(vid, 4)
+    assert Tokens(b"j" * 32).token(vid, 3) != secrets["token"]  # another key, another token
+    assert EmailReference(vid, 1, None).secrets("t") == {"token": "t", "link": None}
+    assert "k" * 32 not in repr(derive)  # the key never reaches a log line
