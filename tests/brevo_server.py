@@ -556,12 +556,13 @@ _LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
 _EMAIL = re.compile(rf"{_ATEXT}(?:\.{_ATEXT})*@{_LABEL}(?:\.{_LABEL})+")
 
 
-def _check(value: Json, schema: dict[str, Any], where: str) -> None:
-    """Validate `value` against one of the definitions above; raise _InvalidRequest naming
+def _check(given: Json, schema: dict[str, Any], where: str) -> None:
+    """Validate `given` against one of the definitions above; raise _InvalidRequest naming
     the first field that does not conform, the way Brevo answers (400)."""
     expected = schema["type"]
-    if not isinstance(value, _TYPES[expected]) or isinstance(value, bool):
+    if not isinstance(given, _TYPES[expected]) or isinstance(given, bool):
         raise _InvalidRequest(f"{where} must be of type {expected}")
+    value: Any = given
     is_email = expected == "string" and schema.get("format") == "email"
     if is_email and (len(value) > 254 or not _EMAIL.fullmatch(value)):
         raise _InvalidRequest(f"email is not valid in {where}")
@@ -614,7 +615,7 @@ def _validate_send(body: Json) -> list[dict[str, Any]]:
         return [{"to": body["to"]}]
     if "to" in body:
         raise _InvalidRequest("to must not be passed with messageVersions")
-    versions = body["messageVersions"]
+    versions: list[dict[str, Any]] = body["messageVersions"]
     if not 1 <= len(versions) <= MAX_VERSIONS:
         raise _InvalidRequest(f"messageVersions must hold 1 to {MAX_VERSIONS} versions")
     total = 0

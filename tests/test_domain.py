@@ -11,7 +11,17 @@ from hypothesis import strategies as st
 
 from mailbag.domain import states
 from mailbag.domain.ids import uuid7
-from mailbag.domain.message import ERROR_MAX, InvalidMessage, new_message, truncate_error
+from mailbag.domain.message import (
+    ANY_ADDRESS,
+    ERROR_MAX,
+    AddressRules,
+    InvalidMessage,
+    ascii_address,
+    new_message,
+    normalize_address,
+    truncate_error,
+    unsafe_text,
+)
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.states import CLAIMABLE, TERMINAL, Action, Status
 
@@ -163,3 +173,60 @@ def test_ids_are_time_ordered_and_unique():
     ids = [uuid7() for _ in range(10_000)]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     assert all(i.version == 7 for i in ids)
+
+
+# --- what a header may hold, and who may be written to ---------------------------------
+
+
+def test_every_character_that_breaks_a_line_is_refused_in_header_text():
+    breakers = {ch for ch in map(chr, range(0x110000)) if len(f"a{ch}b".splitlines()) > 1}
+    assert breakers == set("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+    for ch in breakers:
+        assert "line break" in (unsafe_text(f"a{ch}b") or "")
+    for ch in ["\x00", "\x07", "\x1b", "\x7f", "\x9b", "\ud800"]:
+        assert unsafe_text(f"a{ch}b") is not None
+    assert unsafe_text("tab\tand =?utf-8?q?words?= Zoë 東京") is None
+    assert unsafe_text("tab\t", tab=False) is not None
+
+
+@pytest.mark.parametrize("field", ["subject", "to_name", "headers", "tags"])
+@pytest.mark.parametrize("char", ["\v", "\f", "\x1c", "\x85", "\u2028", "\x00", "\ud800"])
+def test_new_message_refuses_them_in_every_text_field(field, char):
+    value = f"a{char}b"
+    fields = {
+        "subject": {"subject": value},
+        "to_name": {"to_name": value},
+        "headers": {"headers": {"X-Note": value}},
+        "tags": {"tags": [value]},
+    }[field]
+    with pytest.raises(InvalidMessage) as caught:
+        new_message(to="a@example.com", template="welcome", **fields)
+    assert field in caught.value.errors
+
+
+def test_test_domains_follow_the_rules_and_name_the_setting():
+    strict, lenient = AddressRules(), AddressRules(allow_test_domains=True)
+    for address in ("reader@example.test", "a@b.invalid", "a@localhost", "a@app.localhost"):
+        with pytest.raises(ValueError, match="MAILBAG_ALLOW_TEST_DOMAINS"):
+            normalize_address(address, strict)
+        assert normalize_address(address, lenient) == address
+    assert normalize_address("Reader@Example.TEST", lenient) == "Reader@example.test"
+    assert normalize_address("a@example.com", strict) == "a@example.com"
+    assert normalize_address("a@shop.example", strict) == "a@shop.example"  # not special-use
+    with pytest.raises(ValueError):
+        normalize_address("a@x.test.", lenient)  # a trailing dot is no test domain
+
+
+def test_a_utf8_local_part_is_refused_only_where_the_provider_cannot_carry_it():
+    assert normalize_address("zoë@example.com", AddressRules()) == "zoë@example.com"
+    ses = AddressRules(utf8_local_part=False, provider="ses")
+    with pytest.raises(ValueError, match=r"\(ses\) cannot send"):
+        normalize_address("zoë@example.com", ses)
+    assert normalize_address("user@bücher.example", ses) == "user@bücher.example"
+    assert normalize_address("zoë@x.test", ANY_ADDRESS) == "zoë@x.test"
+
+
+def test_ascii_addresses_use_idna_2008_as_the_validator_does():
+    assert ascii_address("u@bücher.example") == "u@xn--bcher-kva.example"
+    assert ascii_address("u@straße.de") == "u@xn--strae-oqa.de"  # IDNA 2003 said strasse.de
+    assert ascii_address("zoë@example.com") == "zoë@example.com"

@@ -43,7 +43,7 @@ class Provider(Protocol):
     idempotency_window: timedelta | None
     # Optional (a provider without it is taken not to): whether it can send to an address
     # whose local part is not ASCII (`zoë@example.com`, SMTPUTF8). Enqueue refuses such
-    # addresses when the configured provider cannot; see `capabilities`.
+    # addresses when the configured provider cannot; see `address_rules`.
     # supports_utf8_local_part: bool
 
     async def send(self, email: OutgoingEmail) -> SendOutcome: ...
