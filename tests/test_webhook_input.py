@@ -206,7 +206,7 @@ async def test_an_ses_record_with_an_impossible_time_is_400(db):
         trust(api, shared_signer())
         r = await post_ses(api, shared_signer().sign(notification(record)))
         assert r.status_code == 400
-        record["bounce"]["timestamp"] = "9999-12-31T23:59:59Z"
+        record["bounce"]["timestamp"] = "0999-12-31T23:59:59Z"  # before any DATETIME
         r = await post_ses(api, shared_signer().sign(notification(record)))
         assert r.status_code == 400
     assert stored(db) == []

@@ -155,7 +155,7 @@ def _occurred_at(payload: Mapping[str, Any]) -> datetime:
             continue
         seconds = value / 1000 if field == "ts_epoch" and value > _MILLISECONDS_ABOVE else value
         try:
-            return event_fields.plausible_time(datetime.fromtimestamp(seconds, tz=UTC))
+            return event_fields.storable_time(datetime.fromtimestamp(seconds, tz=UTC))
         except (OverflowError, OSError, ValueError) as error:
             raise InvalidPayload(f"Brevo {field} is not a usable time") from error
     # `date` alone is local time of the account's zone; guessing it would misorder events.

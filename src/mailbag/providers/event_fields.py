@@ -1,29 +1,32 @@
 """Fields of provider webhook events made safe to store: shared by the event parsers.
 
 A provider's event is stored as it came (its raw JSON) next to a few columns read from it.
-Whatever an event holds, storing it must not fail: every database refuses something (NUL
-in PostgreSQL text and jsonb, lone surrogates in UTF-8, values longer than a column, NaN
-in jsonb, JSON nested 32 levels deep in MariaDB). A failed insert would answer 500
-and the provider would retry the whole batch, so these functions give each column a value
-it accepts and the raw JSON a copy every database stores.
+Whatever an event holds, storing it must not fail: every database refuses something (the
+rules of `mailbag.domain.storable`, plus values longer than a column and NaN in jsonb). A
+failed insert would answer 500 and the provider would retry the whole batch. An API
+request that breaks them is refused, as its client can fix it; a provider cannot send its
+event any other way, so here each column gets a value it accepts and the raw JSON a copy
+every database stores: what cannot be stored is replaced, not refused.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
-RAW_DEPTH: Final = 24  # deeper than any provider nests; MariaDB's JSON_VALID stops at 32
+from mailbag.domain import storable
+
+RAW_DEPTH: Final = storable.MAX_JSON_DEPTH  # deeper than any provider nests
 _TOO_DEEP: Final = "(nested too deep; dropped)"
 _LARGEST_INT: Final = 2**63 - 1  # beyond it MariaDB's JSON turns numbers into doubles
 
 
 def clean(text: str) -> str:
     """The text with NUL and lone surrogates replaced by U+FFFD (the replacement character)."""
-    if text.isprintable() or ("\x00" not in text and text.isascii()):
-        return text  # the common case, quickly
+    if storable.text_problem(text) is None:
+        return text
     return "".join(
         "\ufffd" if char == "\x00" or "\ud800" <= char <= "\udfff" else char for char in text
     )
@@ -64,12 +67,8 @@ def raw_json(value: Any, depth: int = 0) -> Any:
     return clean(str(value))
 
 
-EARLIEST: Final = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST: Final = datetime(9000, 1, 1, tzinfo=UTC)  # MariaDB's DATETIME ends with year 9999
-
-
-def plausible_time(moment: datetime) -> datetime:
-    """The event time, if it could be one (ValueError otherwise): every database stores it."""
-    if not EARLIEST <= moment < LATEST:
-        raise ValueError(f"{moment.year} is no year of a provider event")
+def storable_time(moment: datetime) -> datetime:
+    """The event time, if every database can store it (ValueError otherwise)."""
+    if (problem := storable.time_problem(moment)) is not None:
+        raise ValueError(f"the event time {problem}")
     return moment

@@ -355,10 +355,6 @@ def parse_ses_notification(message_json: str | Mapping[str, Any]) -> list[Provid
     body = _object(record, rule.body_key)
     provider_message_id = event_fields.identifier(mail.get("messageId"), PROVIDER_MESSAGE_ID_MAX)
     occurred_at = _parse_time(body.get("timestamp") or mail.get("timestamp"), "SES timestamp")
-    try:
-        event_fields.plausible_time(occurred_at)
-    except ValueError as error:
-        raise InvalidPayload(f"SES timestamp: {error}") from None
     raw = event_fields.raw_json(record)
     our_id = _our_message_id(mail)
     bounce_type = None
@@ -467,13 +463,15 @@ def _object(record: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 
 
 def _parse_time(value: object, what: str) -> datetime:
-    """An ISO 8601 time as SES and SNS write it (2017-08-05T00:41:02.669Z), in UTC."""
+    """An ISO 8601 time as SES and SNS write it (2017-08-05T00:41:02.669Z), in UTC, that
+    every database can store."""
     if not isinstance(value, str):
         raise InvalidPayload(f"{what} is missing")
     try:
         parsed = datetime.fromisoformat(value)
         # Both services document UTC; a time without an offset is taken as UTC.
-        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+        utc = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+        return event_fields.storable_time(utc)
     except (ValueError, OverflowError) as error:  # year 1 at +14:00 overflows
         raise InvalidPayload(f"{what} {value[:40]!r} is not an ISO 8601 time") from error
 
