@@ -102,8 +102,9 @@ def secret_matches(offered: str | None, expected: SecretStr | None) -> bool:
 
 
 def client_address(request: Request) -> str:
-    """Who is asking, for throttling: the peer address (behind a proxy, run uvicorn with
-    --proxy-headers so this is the real client, not the proxy)."""
+    """Who is asking, for throttling: the peer address. Behind a reverse proxy, tell
+    uvicorn to trust it (FORWARDED_ALLOW_IPS=<proxy address>) so this is the client's
+    address from X-Forwarded-For, not the proxy's (which would share one limit)."""
     return request.client.host if request.client else "unknown"
 
 

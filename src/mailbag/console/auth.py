@@ -113,14 +113,15 @@ class Gate:
     async def log_in(self, request: Request, response: Response) -> Session:
         """A new server-side session (and a new CSRF token: one seen before the login, as
         in login CSRF, is worth nothing), written to the response's cookie."""
-        session = Session(csrf=secrets.token_urlsafe(32), secret=secrets.token_urlsafe(32))
+        secret = secrets.token_urlsafe(32)
+        session = Session(csrf=secrets.token_urlsafe(32), secret=secret)
         svc = services(request)
         now = svc.clock()
         async with svc.engine.begin() as conn:
             await run_async(
                 conn,
                 console_sessions.start(
-                    _digest(session.secret or ""),
+                    _digest(secret),
                     self._password_fingerprint,
                     now=now,
                     expires_at=now + timedelta(seconds=SESSION_SECONDS),
@@ -137,6 +138,7 @@ class Gate:
         response.delete_cookie(SESSION_COOKIE, path=PATH)
 
     def write(self, request: Request, response: Response, session: Session) -> None:
+        # "sid": the session secret, null before login.
         value = self._sessions.dumps({"csrf": session.csrf, "sid": session.secret})
         _set_cookie(request, response, SESSION_COOKIE, value, SESSION_SECONDS)
 
