@@ -17,6 +17,7 @@ from mailbag.store.schema import (
     idempotency_records,
     message_events,
     outbox_messages,
+    suppressions,
 )
 
 MARK = "marker-5f2c9e"  # in every bad request's data: it must not reach a log line
@@ -284,3 +285,31 @@ async def test_a_database_error_is_logged_without_the_request_s_values(
     assert "ada@example.com" not in logs
     errors = [line for line in log_lines(logs) if line["event"] == "unhandled_error"]
     assert errors and all("stack" in line for line in errors)
+
+
+ADMIN_TOKEN = "admin-token-0123456789"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"tenant_id": "t", "email": "x@example.com", "detail": MARK + "\x00"},
+        {"tenant_id": "t\x00" + MARK, "email": "x@example.com"},
+        {"tenant_id": "t", "email": "x@example.com", "detail": "\ud800" + MARK},
+    ],
+    ids=["nul in detail", "nul in tenant_id", "lone surrogate in detail"],
+)
+async def test_the_admin_api_refuses_what_cannot_be_stored_like_the_tenant_api(
+    db, capsys, caplog, body
+):
+    async with api_client(db, admin_token=ADMIN_TOKEN) as api:
+        r = await api.post(
+            "/v1/admin/suppressions",
+            content=raw(body),
+            headers={"content-type": "application/json", "Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
+    assert r.status_code == 422, r.text
+    assert r.json()["type"].endswith("/validation-error")
+    with db.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(suppressions)).scalar_one() == 0
+    assert MARK not in logged(capsys, caplog)

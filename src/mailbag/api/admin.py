@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from mailbag import log
 from mailbag.api.deps import (
@@ -23,6 +23,7 @@ from mailbag.api.deps import (
     too_many_attempts,
 )
 from mailbag.api.problems import COMMON, ProblemError, documented
+from mailbag.api.schemas import Strict  # no unknown fields, nothing a database refuses
 from mailbag.domain.message import InvalidMessage
 from mailbag.domain.states import Status
 from mailbag.services.messages import decode_cursor, encode_cursor, public
@@ -63,17 +64,13 @@ RESPONSES = documented(*COMMON, 404, 429)
 ACTION_RESPONSES = documented(*COMMON, 404, 409, 429)
 
 
-class Resolution(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Resolution(Strict):
     sent: bool = Field(description="True: the provider accepted it; false: it did not.")
     evidence: str = Field(min_length=1, max_length=2000, description="What shows it.")
     provider_message_id: str | None = Field(None, max_length=255)
 
 
-class BulkRequeue(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class BulkRequeue(Strict):
     status: Status = Status.UNKNOWN
     tenant_id: str | None = Field(None, max_length=100)
     to: str | None = Field(None, max_length=255)
@@ -82,9 +79,7 @@ class BulkRequeue(BaseModel):
     created_to: datetime | None = None
 
 
-class SuppressionIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SuppressionIn(Strict):
     tenant_id: str = Field(min_length=1, max_length=100)
     email: str = Field(max_length=255)
     detail: str | None = Field(None, max_length=2000)
