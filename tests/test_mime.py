@@ -87,6 +87,11 @@ def check(raw: bytes, sent: OutgoingEmail) -> None:
         assert rfc2047(raw_header(raw, name)) == value
     assert display_name(raw, "To") == (sent.to_name or "")
     assert display_name(raw, "From") == (sent.from_name or "")
+    if raw_header(raw, "To").startswith('"'):
+        # A quoted-string: the email package's parser agrees. (Its phrase parser is not
+        # RFC 2047's decoder for encoded-words: it collapses runs of whitespace inside them
+        # and keeps the space between adjacent ones.)
+        assert message["To"].addresses[0].display_name == sent.to_name
     assert message["To"].addresses[0].addr_spec == sent.to_email
     assert message["Message-ID"] == sent.rfc_message_id
     for subtype, body in (("plain", sent.text), ("html", sent.html)):

@@ -241,9 +241,11 @@ def _mailbox(name: str, address: str, display_name: str | None, *, utf8: bool) -
     if not display_name:
         return _fold(name, [addr_spec])
     if _is_plain(display_name):
+        # A quoted-string, folded at its own single spaces if long: unfolding restores it.
         quoted = '"' + display_name.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if len(name) + 2 + len(quoted) + 1 + len(addr_spec) <= LINE_SOFT_MAX:
-            return _fold(name, [quoted, addr_spec])
+        return _fold(name, [*quoted.split(" "), addr_spec])
+    # Adjacent encoded-words decode with no space between them (RFC 2047 6.2); the email
+    # package's phrase parser keeps one, so only a name longer than one word differs there.
     return _fold(name, [*_encoded_words(display_name, first_line=len(name) + 2), addr_spec])
 
 
