@@ -11,6 +11,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,7 +20,6 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from conftest import IN_CI
 from mailbag.compose import message_id_from_rfc
 from mailbag.domain.states import Status
 from mailbag.store import outbox as store
@@ -27,6 +27,7 @@ from mailbag.store.plan import run
 from mailbag.store.schema import message_events, outbox_messages
 from servers import mailbag_env, start_mailbag, stop
 
+from conftest import IN_CI
 from helpers import message
 from smtp_server import RecordingSMTPServer
 
@@ -257,3 +258,56 @@ def _pg_ctl(version: str, action: str) -> None:
                 return
             time.sleep(0.5)
         raise AssertionError("PostgreSQL did not come back")
+
+
+BROKEN_FINALIZER = """
+import mailbag.worker
+
+async def broken(self, by_token):
+    raise RuntimeError("injected finalizer bug")
+
+mailbag.worker.Worker._write_batch = broken
+from mailbag.cli import app
+
+app(prog_name="mailbag", args=["worker"])
+"""
+
+
+def test_a_worker_whose_finalizer_dies_exits_non_zero_and_says_why(tmp_path):
+    """A supervisor sees the exit status; the operator sees one line naming the helper."""
+    from mailbag.store import migrate
+    from mailbag.store.database import dialect_of, make_engine
+
+    url = f"sqlite:///{tmp_path / 'broken.db'}"
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+
+    class DB:
+        pass
+
+    db = DB()
+    db.engine, db.url, db.dialect = engine, url, dialect_of(url)  # type: ignore[attr-defined]
+    enqueue_many(db, 3)
+    env = mailbag_env(url, provider="file", file_dir=str(tmp_path / "mail"), poll_interval="0.1")
+    log = tmp_path / "worker.log"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", BROKEN_FINALIZER],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+        start_new_session=True,
+    )
+    try:
+        code = worker.wait(timeout=30)
+    finally:
+        stop(worker)
+    assert code == 1
+    lines = log.read_text().splitlines()
+    assert '"event": "worker_helper_died"' in lines[0] and "mailbag-finalizer" in lines[0]
+    assert lines[-1].startswith("mailbag: the worker's mailbag-finalizer task died")
+    # Its sends stay `processing` for a sweep to judge once their lease ends (no one renews
+    # it); what it had not started went back to `pending`.
+    sent = len(list((tmp_path / "mail").glob("*.eml")))
+    assert counts(db) == {"processing": sent, "pending": 3 - sent} or counts(db) == {
+        "processing": 3
+    }

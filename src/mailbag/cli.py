@@ -399,7 +399,12 @@ def worker(
         runtime.ensure_schema(settings, upgrade=False)
     except runtime.SchemaNotCurrent as exc:
         fail(str(exc), code=1)
-    asyncio.run(runtime.run_worker(settings))
+    from mailbag.worker import WorkerFailed
+
+    try:
+        asyncio.run(runtime.run_worker(settings))
+    except WorkerFailed as exc:  # logged with its traceback by the worker
+        fail(str(exc), code=1)
 
 
 @app.command()
