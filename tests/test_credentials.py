@@ -281,14 +281,14 @@ async def test_metrics_want_their_token_when_one_is_set(db):
 @pytest.mark.parametrize("tenant_labels", [False, True])
 async def test_metrics_name_tenants_only_when_asked(db, tenant_labels):
     tenant_id, key = new_tenant(db, f"metrics-{tenant_labels}")
-    body: dict[str, Any] = {"to": "ada@example.com", "template": "welcome", "data": {"n": "A"}}
+    body: dict[str, Any] = {"to": "ada@example.com", "template": "welcome", "data": {"name": "A"}}
     settings = settings_for(db, metrics_tenant_labels=tenant_labels)
     async with running(settings) as client:
         api = client()
         api.headers["Authorization"] = f"Bearer {key}"
         idem = {"Idempotency-Key": "same-key"}
         assert (await api.post("/v1/messages", json=body, headers=idem)).status_code == 201
-        other = {**body, "data": {"n": "B"}}
+        other = {**body, "data": {"name": "B"}}
         assert (await api.post("/v1/messages", json=other, headers=idem)).status_code == 409
         text = (await api.get("/metrics")).text
     assert (tenant_id in text) is tenant_labels
