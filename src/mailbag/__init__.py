@@ -1,7 +1,27 @@
 """mailbag: transactional email through an outbox, sent once by any number of workers."""
 
-from mailbag.domain import InvalidMessage, Message, NewMessage, Status, new_message
-from mailbag.services.outbox import enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mailbag.domain import InvalidMessage, Message, NewMessage, Status, new_message
+    from mailbag.services.outbox import enqueue, enqueue_async, enqueue_many, enqueue_many_async
+
+# Imported on first use, so `import mailbag.cli` (the command line) starts without SQLAlchemy.
+_EXPORTS = {
+    "InvalidMessage": "mailbag.domain",
+    "Message": "mailbag.domain",
+    "NewMessage": "mailbag.domain",
+    "Status": "mailbag.domain",
+    "new_message": "mailbag.domain",
+    "enqueue": "mailbag.services.outbox",
+    "enqueue_async": "mailbag.services.outbox",
+    "enqueue_many": "mailbag.services.outbox",
+    "enqueue_many_async": "mailbag.services.outbox",
+}
+
 
 __all__ = [
     "InvalidMessage",
@@ -14,3 +34,12 @@ __all__ = [
     "enqueue_many_async",
     "new_message",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mailbag' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,42 +1,32 @@
 """The `mailbag` command: parse arguments, call a service, print the answer.
 
-Bad input exits with status 2 and a message on stderr, having written nothing.
+Bad input exits with status 2 and a message on stderr, having written nothing; a database
+whose schema is missing or stale exits with status 1 and says to run `mailbag migrate`
+(only `migrate` and `serve` change the schema).
+
+Each command imports what it needs when it runs: `mailbag --help` or `mailbag stats` must
+not pay for FastAPI, uvicorn or botocore (tests/test_first_run.py keeps it so).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-from sqlalchemy import Engine
 
-from mailbag import log, providers, runtime, templates
-from mailbag.clock import utcnow
-from mailbag.compose import check_renders
-from mailbag.domain import states
-from mailbag.domain.message import InvalidMessage, new_message
-from mailbag.domain.states import Status
-from mailbag.services import outbox as outbox_service
-from mailbag.services import tenants as tenant_service
-from mailbag.services.operations import Filter, Health, NotAllowed, Operations
-from mailbag.services.reconciliation import Reconciler
-from mailbag.settings import Settings
-from mailbag.store import idempotency as idempotency_store
-from mailbag.store import migrate as migrations
-from mailbag.store import outbox as store
-from mailbag.store import tenants as tenant_store
-from mailbag.store.database import dialect_of, make_async_engine, make_engine
-from mailbag.store.plan import run
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from rich.table import Table
+    from sqlalchemy import Engine
+
+    from mailbag.services.operations import Health, Operations
+    from mailbag.settings import Settings
 
 T = TypeVar("T")
 CLI_ACTOR = "operator:cli"
@@ -47,6 +37,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: formatting it with rich costs ~0.1 s a start
 )
 
 
@@ -56,16 +47,34 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def load_settings(**overrides: Any) -> Settings:
+    from mailbag.settings import Settings
+
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except Exception as exc:  # pydantic's ValidationError or a bad URL: say it, don't trace
         fail(f"invalid settings: {exc}")
 
 
-def migrated_engine(settings: Settings) -> Engine:
-    engine = make_engine(settings.database_url)
-    migrations.upgrade(engine)
-    return engine
+def prepare(settings: Settings, *, upgrade: bool = False, key: bool = False) -> None:
+    """Check what a command needs before it starts: the schema (migrated first with
+    `upgrade`) and, for the long-running commands, the deployment key."""
+    from mailbag import runtime
+
+    try:
+        if key:
+            runtime.require_key(settings)
+        runtime.ensure_schema(settings, upgrade=upgrade)
+    except runtime.CannotStart as exc:
+        fail(str(exc), code=1)
+
+
+def current_engine(settings: Settings) -> Engine:
+    """An engine on a database whose schema is current (commands never migrate implicitly:
+    replicas and scripts running side by side must not race to change the schema)."""
+    from mailbag.store.database import make_engine
+
+    prepare(settings)
+    return make_engine(settings.database_url)
 
 
 def parse_id(value: str) -> uuid.UUID:
@@ -77,9 +86,12 @@ def parse_id(value: str) -> uuid.UUID:
 
 @app.command()
 def migrate() -> None:
-    """Create or upgrade the database schema (serve and worker do this themselves)."""
+    """Create or upgrade the database schema (`serve` does this itself; every other command
+    needs it done). Safe to run from several places at once: a database lock serializes it."""
+    from mailbag.store import migrate as migrations
+
     settings = load_settings()
-    migrated_engine(settings)
+    prepare(settings, upgrade=True)
     typer.echo(f"schema at revision {migrations.head_revision()}")
 
 
@@ -106,6 +118,11 @@ def enqueue(
     ] = None,
 ) -> None:
     """Put one email into the outbox and print its id."""
+    from mailbag import templates
+    from mailbag.compose import check_renders
+    from mailbag.domain.message import InvalidMessage, new_message
+    from mailbag.services import outbox as outbox_service
+
     settings = load_settings()
     try:
         template_data = json.loads(data)
@@ -143,7 +160,7 @@ def enqueue(
         check_renders(message, catalog)
     except (InvalidMessage, templates.TemplateError) as exc:
         fail(f"invalid message: {exc}")
-    engine = migrated_engine(settings)
+    engine = current_engine(settings)
     with engine.begin() as conn:
         (result,) = outbox_service.enqueue_many(
             conn, [message], max_attempts=settings.max_attempts, actor="cli"
@@ -155,7 +172,12 @@ def enqueue(
 
 def with_operations(settings: Settings, action: Callable[[Operations], Awaitable[T]]) -> T:
     """Run one operator action (the same code the console and admin API run)."""
-    migrated_engine(settings).dispose()
+    import asyncio
+
+    from mailbag.services.operations import Operations
+    from mailbag.store.database import dialect_of, make_async_engine
+
+    prepare(settings)
 
     async def main() -> T:
         engine = make_async_engine(settings.database_url, null_pool=True)
@@ -171,6 +193,8 @@ def with_operations(settings: Settings, action: Callable[[Operations], Awaitable
 
 
 def health_table(health: Health) -> Table:
+    from rich.table import Table
+
     table = Table(title="mailbag outbox", show_header=True, header_style="bold")
     table.add_column("state")
     table.add_column("messages", justify="right")
@@ -192,6 +216,10 @@ def stats(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Counts by state, the oldest due message's age, sends and errors in the last hour."""
+    from rich.console import Console
+
+    from mailbag.clock import utcnow
+
     settings = load_settings()
     health = with_operations(settings, lambda ops: ops.health(utcnow()))
     if as_json:
@@ -203,6 +231,13 @@ def stats(
 @app.command()
 def top(interval: Annotated[float, typer.Option(help="Seconds between updates.")] = 2.0) -> None:
     """`stats`, live, until Ctrl-C."""
+    import asyncio
+    import contextlib
+
+    from rich.live import Live
+
+    from mailbag.clock import utcnow
+
     settings = load_settings()
 
     async def watch(ops: Operations) -> None:
@@ -223,6 +258,11 @@ def requeue(
     ] = None,
 ) -> None:
     """Send unknown or dead messages again (an operator's decision, never automatic)."""
+    from mailbag.clock import utcnow
+    from mailbag.domain import states
+    from mailbag.domain.states import Status
+    from mailbag.services.operations import Filter
+
     settings = load_settings()
     allowed = {s.value for s in states.sources(states.Action.REQUEUE)}
     if (message_id is None) == (state is None):
@@ -243,6 +283,9 @@ def requeue(
 @app.command()
 def cancel(message_id: Annotated[str, typer.Argument(help="A pending message.")]) -> None:
     """Withdraw a pending message before any attempt."""
+    from mailbag.clock import utcnow
+    from mailbag.services.operations import NotAllowed
+
     settings = load_settings()
     target = parse_id(message_id)
     try:
@@ -264,6 +307,9 @@ def resolve(
     provider_message_id: Annotated[str | None, typer.Option(help="The provider's id.")] = None,
 ) -> None:
     """Settle an unknown message as sent or failed, from evidence."""
+    from mailbag.clock import utcnow
+    from mailbag.services.operations import NotAllowed
+
     settings = load_settings()
     target = parse_id(message_id)
     if not evidence.strip():
@@ -288,6 +334,10 @@ def resolve(
 @app.command()
 def reconcile() -> None:
     """Look for evidence about every unknown message now (workers do this regularly)."""
+    from mailbag import providers
+    from mailbag.clock import utcnow
+    from mailbag.services.reconciliation import Reconciler
+
     settings = load_settings()
 
     async def once(ops: Operations) -> Mapping[str, int]:
@@ -307,7 +357,9 @@ def reconcile() -> None:
     typer.echo(json.dumps(dict(outcomes)))
 
 
-suppressions_app = typer.Typer(help="The suppression list.", no_args_is_help=True)
+suppressions_app = typer.Typer(
+    help="The suppression list.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(suppressions_app, name="suppressions")
 
 
@@ -324,6 +376,8 @@ def suppressions_list(
 @suppressions_app.command("add")
 def suppressions_add(tenant: str, email: str) -> None:
     """Never send to this address for this tenant."""
+    from mailbag.clock import utcnow
+
     settings = load_settings()
     try:
         added = with_operations(
@@ -355,9 +409,15 @@ def purge(
     older_than: Annotated[str, typer.Option(help="Age like 30d, 12h or 90m.")] = "30d",
 ) -> None:
     """Delete finished messages (sent, failed, dead, cancelled) last changed before the cutoff."""
+    from mailbag.clock import utcnow
+    from mailbag.store import idempotency as idempotency_store
+    from mailbag.store import outbox as store
+    from mailbag.store.database import dialect_of
+    from mailbag.store.plan import run
+
     settings = load_settings()
     cutoff = utcnow() - parse_age(older_than)
-    engine = migrated_engine(settings)
+    engine = current_engine(settings)
     dialect = dialect_of(settings.database_url)
     total = records = 0
     while True:
@@ -393,12 +453,13 @@ def worker(
         worker_id=worker_id,
         metrics_port=metrics_port,
     )
+    import asyncio
+
+    from mailbag import log, runtime
+
     log.configure(settings.log_level)
     check_provider(settings)
-    try:
-        runtime.ensure_schema(settings, upgrade=False)
-    except runtime.SchemaNotCurrent as exc:
-        fail(str(exc), code=1)
+    prepare(settings, key=True)
     from mailbag.worker import WorkerFailed
 
     try:
@@ -409,17 +470,31 @@ def worker(
 
 @app.command()
 def serve() -> None:
-    """Everything in one process: migrate, then run the API and the worker."""
+    """Everything in one process: migrate, then run the API and the worker.
+
+    Exits non-zero at once, saying why, if any part cannot start (or later stops on its own).
+    """
+    import asyncio
+
+    from mailbag import log, runtime
+
     settings = load_settings()
     log.configure(settings.log_level)
     check_provider(settings)
-    runtime.ensure_schema(settings, upgrade=True)
-    typer.echo(
-        f"mailbag: API on http://{settings.api_host}:{settings.api_port} (docs at /docs)", err=True
-    )
-    if settings.provider == "file":
-        typer.echo(f"mailbag: emails are written to {settings.file_dir.resolve()}", err=True)
-    asyncio.run(runtime.run_serve(settings))
+    prepare(settings, upgrade=True, key=True)
+
+    def ready() -> None:  # only once the API listens
+        typer.echo(
+            f"mailbag: API on http://{settings.api_host}:{settings.api_port} (docs at /docs)",
+            err=True,
+        )
+        if settings.provider == "file":
+            typer.echo(f"mailbag: emails are written to {settings.file_dir.resolve()}", err=True)
+
+    try:
+        asyncio.run(runtime.run_serve(settings, on_ready=ready))
+    except runtime.ServeFailed as exc:
+        fail(str(exc), code=1)
 
 
 @app.command()
@@ -429,13 +504,13 @@ def api(
     workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
 ) -> None:
     """Serve the HTTP API (and the console) with uvicorn."""
+    import uvicorn
+
+    from mailbag import log, runtime
+
     settings = load_settings(api_host=host, api_port=port)
     log.configure(settings.log_level)
-    try:
-        runtime.ensure_schema(settings, upgrade=False)
-    except runtime.SchemaNotCurrent as exc:
-        fail(str(exc), code=1)
-    import uvicorn
+    prepare(settings, key=True)
 
     # Worker processes read their settings from the environment, so pass overrides there.
     os.environ["MAILBAG_API_HOST"], os.environ["MAILBAG_API_PORT"] = (
@@ -445,17 +520,23 @@ def api(
     uvicorn.run(**runtime.uvicorn_options(settings, workers=workers))
 
 
-tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
+tenants_app = typer.Typer(
+    help="Tenants and their API keys.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(tenants_app, name="tenants")
 
 
 @tenants_app.command("create")
 def tenants_create(name: Annotated[str, typer.Argument(help="A unique name.")]) -> None:
     """Create a tenant and print its API key (shown this once; only a digest is kept)."""
+    from mailbag.services import tenants as tenant_service
+    from mailbag.store import tenants as tenant_store
+    from mailbag.store.plan import run
+
     if not name.strip() or len(name) > 200:
         fail("the name must be 1 to 200 characters")
     settings = load_settings()
-    engine = migrated_engine(settings)
+    engine = current_engine(settings)
     with engine.begin() as conn:
         if run(conn, tenant_store.by_name(name)) is not None:
             fail(f"a tenant named {name!r} exists already", code=1)
@@ -467,14 +548,19 @@ def tenants_create(name: Annotated[str, typer.Argument(help="A unique name.")]) 
 @tenants_app.command("list")
 def tenants_list() -> None:
     """List tenants (ids, names, key prefixes; never keys)."""
+    from mailbag.store import tenants as tenant_store
+    from mailbag.store.plan import run
+
     settings = load_settings()
-    engine = migrated_engine(settings)
+    engine = current_engine(settings)
     with engine.connect() as conn:
         for tenant in run(conn, tenant_store.all_tenants()):
             typer.echo(f"{tenant.id}\t{tenant.name}\t{tenant.api_key_prefix}...")
 
 
 def check_provider(settings: Settings) -> None:
+    from mailbag import providers
+
     if settings.provider not in providers.available():
         fail(
             f"unknown provider {settings.provider!r}; available: {', '.join(providers.available())}"

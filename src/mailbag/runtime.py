@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from mailbag import providers, templates
+from mailbag import keys, log, providers, templates
 from mailbag.services.reconciliation import Reconciler
 from mailbag.settings import Settings
 from mailbag.store import migrate
@@ -21,13 +24,31 @@ from mailbag.store.database import dialect_of, make_async_engine, make_engine
 from mailbag.worker import PeriodicJob, Worker, WorkerConfig
 
 
-class SchemaNotCurrent(RuntimeError):
+class CannotStart(RuntimeError):
+    """Something a command needs is missing or broken; the message says what and what to do."""
+
+
+class SchemaNotCurrent(CannotStart):
     pass
 
 
+class ServeFailed(CannotStart):
+    pass
+
+
+def require_key(settings: Settings) -> None:
+    """Load the deployment key now, so a missing one stops the process before it serves."""
+    try:
+        settings.key  # noqa: B018 (a cached property: loading it is the point)
+    except keys.MissingSecretKey as exc:
+        raise CannotStart(str(exc)) from exc
+
+
 def ensure_schema(settings: Settings, *, upgrade: bool) -> None:
-    """Migrate (serve, migrate) or insist the schema is current (worker and API replicas,
-    which must not race each other to migrate)."""
+    """Migrate (serve, migrate) or insist the schema is current (every other command, and
+    worker and API replicas, which must not race each other to migrate)."""
+    if not upgrade:
+        _require_sqlite_file(settings.database_url)
     engine = make_engine(settings.database_url, null_pool=True)
     try:
         if upgrade:
@@ -35,12 +56,30 @@ def ensure_schema(settings: Settings, *, upgrade: bool) -> None:
             return
         with engine.connect() as conn:
             if not migrate.is_current(conn):
-                raise SchemaNotCurrent(
-                    f"the database schema is at {migrate.current_revision(conn)!r}, not "
-                    f"{migrate.head_revision()!r}: run `mailbag migrate` first"
+                current = migrate.current_revision(conn)
+                state = (
+                    "has no mailbag schema"
+                    if current is None
+                    else f"schema is at revision {current!r}, not {migrate.head_revision()!r}"
                 )
+                raise SchemaNotCurrent(f"the database {state}: run `mailbag migrate` first")
+    except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+        shown = make_url(settings.database_url).render_as_string(hide_password=True)
+        raise CannotStart(f"cannot use the database {shown}: {exc.orig or exc}") from exc
     finally:
         engine.dispose()
+
+
+def _require_sqlite_file(database_url: str) -> None:
+    # Opening a missing SQLite file creates an empty one: say where it was looked for instead.
+    if dialect_of(database_url) != "sqlite":
+        return
+    database = make_url(database_url).database
+    if database and database != ":memory:" and not Path(database).exists():
+        raise SchemaNotCurrent(
+            f"there is no database at {Path(database).resolve()}: run `mailbag migrate` first "
+            "(or `mailbag serve`, which migrates), in the folder it should live in"
+        )
 
 
 def worker_engine(settings: Settings) -> AsyncEngine:
@@ -107,17 +146,61 @@ def api_server(settings: Settings) -> Any:
     return uvicorn.Server(uvicorn.Config(**uvicorn_options(settings), lifespan="on"))
 
 
-async def run_serve(settings: Settings) -> None:
-    """API, console and worker in one process and one event loop."""
+async def run_serve(settings: Settings, on_ready: Callable[[], None] | None = None) -> None:
+    """API, console and worker in one process and one event loop.
+
+    The worker starts once the API listens, and `on_ready` is called then (never before). If
+    either part cannot start or stops on its own, the other is stopped and ServeFailed says
+    why; a signal stops both gracefully.
+    """
     stop = stop_on_signals()
     server = api_server(settings)
-    server.install_signal_handlers = lambda: None
-    api = asyncio.create_task(server.serve())
+    api = asyncio.create_task(_serve_api(server, settings), name="mailbag api")
+    while not server.started:
+        if api.done():
+            api.result()  # raises ServeFailed with the reason
+            raise ServeFailed("the API server stopped while starting")
+        await asyncio.sleep(0.02)
+    if on_ready is not None:
+        on_ready()
+    worker = asyncio.create_task(_run_worker_task(settings, stop), name="mailbag worker")
+    await asyncio.wait({api, worker}, return_when=asyncio.FIRST_COMPLETED)
+    requested = stop.is_set()  # a signal, not a failure, ended the first one
+    stop.set()
+    server.should_exit = True
+    await asyncio.wait({api, worker})
+    for part in (worker, api):
+        part.result()  # a ServeFailed from either
+    if not requested:
+        raise ServeFailed("the API server or the worker stopped on its own; both are stopped")
+
+
+async def _serve_api(server: Any, settings: Settings) -> None:
+    """uvicorn reports a failed start (port in use, app not importable) with sys.exit(1)
+    after logging it; turn that into an error that names the cause."""
+    try:
+        await server.serve()
+    except SystemExit as exc:
+        cause = exc.__context__
+        reason = f": {cause}" if cause is not None else " (see the log above)"
+        raise ServeFailed(
+            f"the API could not start on {settings.api_host}:{settings.api_port}{reason}"
+        ) from cause
+    except Exception as exc:
+        log.get("mailbag.serve").error("api failed", exc_info=exc)
+        if not server.started:  # e.g. the app cannot be imported: a dependency is missing
+            raise ServeFailed(
+                f"the API could not start on {settings.api_host}:{settings.api_port}: {exc!r}"
+            ) from exc
+        raise ServeFailed(f"the API server failed: {exc!r}") from exc
+
+
+async def _run_worker_task(settings: Settings, stop: asyncio.Event) -> None:
     try:
         await run_worker(settings, stop)
-    finally:
-        server.should_exit = True
-        await api
+    except Exception as exc:
+        log.get("mailbag.serve").error("worker failed", exc_info=exc)
+        raise ServeFailed(f"the worker stopped: {exc!r}") from exc
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:

@@ -1,0 +1,137 @@
+"""The first run: `mailbag serve` listens before it says so, and stops at once, saying why,
+when a part cannot start; `mailbag --help` starts without the server's libraries.
+
+`.ci/first-run` does the README's first command end to end in a fresh virtualenv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from servers import free_port, mailbag_env, start_mailbag, stop, wait_until_up
+
+START_TIMEOUT = 60  # a bound on a loaded machine, not a speed requirement
+BANNER = "API on http://"
+HEAVY = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "botocore", "pydantic")
+
+
+def modules_loaded_by(code: str) -> set[str]:
+    probe = f"import json, sys\n{code}\nprint(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    return set(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_the_command_line_loads_no_server_library_to_start():
+    # `mailbag --help` took 1.1 s of CPU importing FastAPI, SQLAlchemy and botocore.
+    loaded = modules_loaded_by(
+        "from mailbag.cli import app\n"
+        "try:\n"
+        "    app(['--help'], prog_name='mailbag')\n"
+        "except SystemExit:\n"
+        "    pass"
+    )
+    assert "mailbag.cli" in loaded and "typer" in loaded
+    assert {m for m in loaded if m.partition(".")[0] in HEAVY} == set()
+
+
+def test_the_package_still_exports_enqueue_on_first_use():
+    loaded = modules_loaded_by("import mailbag\nassert callable(mailbag.enqueue)")
+    assert "mailbag.services.outbox" in loaded
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A working folder like a new user's: the SQLite default and ./mail land here."""
+    return tmp_path
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A port something else already listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def serve_env(folder: Path, **settings: str) -> dict[str, str]:
+    env = mailbag_env(f"sqlite:///{folder / 'mailbag.db'}", **settings)
+    env.pop("MAILBAG_SECRET_KEY", None)  # the SQLite default needs none: a key file is made
+    return env
+
+
+def serve_until_it_exits(folder: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mailbag", "serve"],
+        env=env,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+def test_serve_exits_at_once_when_the_port_is_taken(folder, held_port):
+    # It used to print "API on http://..." and then fail; now it never claims to listen.
+    result = serve_until_it_exits(folder, serve_env(folder, api_port=str(held_port)))
+    assert result.returncode != 0
+    assert BANNER not in result.stderr
+    assert f"the API could not start on 127.0.0.1:{held_port}" in result.stderr
+    assert "address already in use" in result.stderr
+
+
+@pytest.mark.slow
+def test_serve_exits_at_once_when_the_api_cannot_be_imported(folder):
+    # A missing dependency (once: itsdangerous, undeclared) stopped only the API, silently.
+    fake = folder / "fake"
+    (fake / "fastapi").mkdir(parents=True)
+    (fake / "fastapi" / "__init__.py").write_text("raise ImportError('fastapi is missing')\n")
+    env = serve_env(folder, api_port=str(free_port()))
+    env["PYTHONPATH"] = os.pathsep.join([str(fake), *filter(None, [env.get("PYTHONPATH")])])
+    result = serve_until_it_exits(folder, env)
+    assert result.returncode != 0
+    assert BANNER not in result.stderr
+    assert "the API could not start" in result.stderr
+    assert "fastapi is missing" in result.stderr
+
+
+@pytest.mark.slow
+def test_serve_stops_the_api_and_exits_when_the_worker_cannot_start(folder, held_port):
+    env = serve_env(folder, api_port=str(free_port()), metrics_port=str(held_port))
+    result = serve_until_it_exits(folder, env)
+    assert result.returncode != 0
+    assert "the worker stopped" in result.stderr
+    assert "Address already in use" in result.stderr
+
+
+@pytest.mark.slow
+def test_serve_listens_before_it_says_so_and_stops_cleanly_on_sigterm(folder):
+    port = free_port()
+    log = folder / "serve.log"
+    with log.open("w") as stderr:
+        server = start_mailbag(
+            "serve", env=serve_env(folder, api_port=str(port)), cwd=folder, stderr=stderr
+        )
+        try:
+            wait_until_up(f"http://127.0.0.1:{port}/healthz", START_TIMEOUT, server)
+            assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+            assert BANNER in log.read_text()
+        finally:
+            code = stop(server, signal.SIGTERM)
+    assert code == 0, log.read_text()
+    assert (folder / "mailbag.db").exists() and (folder / "mailbag.db.key").exists()
+    assert os.stat(folder / "mailbag.db.key").st_mode & 0o077 == 0
