@@ -313,3 +313,23 @@ async def test_the_admin_api_refuses_what_cannot_be_stored_like_the_tenant_api(
     with db.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(suppressions)).scalar_one() == 0
     assert MARK not in logged(capsys, caplog)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/messages?cursor=a%00b"),
+        ("GET", "/v1/admin/messages?tenant_id=a%00b"),
+        ("GET", "/v1/admin/messages?template=a%00b"),
+        ("GET", "/v1/admin/suppressions?tenant_id=a%00"),
+        ("DELETE", "/v1/admin/suppressions/t%00/x@example.com"),
+    ],
+)
+async def test_a_nul_in_a_query_or_path_parameter_is_a_422(db, method, path):
+    _, key = new_tenant(db)
+    async with api_client(db, key, admin_token=ADMIN_TOKEN) as api:
+        token = ADMIN_TOKEN if "/admin/" in path else key
+        r = await api.request(method, path, headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 422, r.text
+    assert r.json()["type"].endswith("/validation-error")
+    assert [e["type"] for e in r.json()["errors"]] == ["unstorable_text"]

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import structlog
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -25,6 +25,7 @@ from mailbag.api.deadline import RETRY_AFTER_SECONDS, DatabaseDeadline, database
 from mailbag.api.deps import Services, secret_matches
 from mailbag.api.problems import ProblemError, problem_response
 from mailbag.clock import Clock, utcnow
+from mailbag.domain import storable
 from mailbag.domain.message import InvalidMessage
 from mailbag.services import idempotency
 from mailbag.services import messages as message_service
@@ -74,6 +75,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
         "verification. Authenticate with `Authorization: Bearer <tenant API key>`; errors "
         "are RFC 9457 problem+json.",
         lifespan=lifespan,
+        dependencies=[Depends(storable_parameters)],
     )
     app.include_router(messages.router)
     app.include_router(verifications.router)
@@ -202,6 +204,22 @@ def _not_json(scope: Scope, headers: Headers) -> bool:
         and has_body
         and "json" not in headers.get("content-type", "")
     )
+
+
+async def storable_parameters(request: Request) -> None:
+    """Query and path parameters follow the bodies' rule (domain.storable): a NUL in one
+    would reach a WHERE clause that PostgreSQL refuses, a 500 instead of a 422."""
+    errors = [
+        {"type": "unstorable_text", "loc": (where, name), "msg": problem}
+        for where, items in (
+            ("path", request.path_params.items()),
+            ("query", request.query_params.multi_items()),
+        )
+        for name, value in items
+        if isinstance(value, str) and (problem := storable.text_problem(value)) is not None
+    ]
+    if errors:
+        raise RequestValidationError(errors)
 
 
 def internal_error(exc: BaseException) -> Response:
