@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from api_helpers import api_client, new_tenant
-from mailbag.api import schemas
+from mailbag.api import admin, schemas
 from mailbag.domain import storable
 from mailbag.store.schema import (
     email_verifications,
@@ -187,6 +187,11 @@ def test_request_length_limits_fit_the_columns_they_are_stored_in():
         (schemas.MessageCreate, "template", outbox_messages.c.template_name),
         (schemas.VerificationCreate, "email", email_verifications.c.email),
         (schemas.VerificationCreate, "template", email_verifications.c.template_name),
+        (admin.Resolution, "evidence", message_events.c.detail),
+        (admin.Resolution, "provider_message_id", outbox_messages.c.provider_message_id),
+        (admin.SuppressionIn, "tenant_id", suppressions.c.tenant_id),
+        (admin.SuppressionIn, "email", suppressions.c.email),
+        (admin.SuppressionIn, "detail", suppressions.c.detail),
     ]
     for model, field, column in pairs:
         assert limit(model, field) <= column.type.length, (model.__name__, field)
