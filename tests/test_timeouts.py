@@ -158,6 +158,16 @@ async def test_within_gives_up_on_time_without_waiting_for_the_work_to_wind_down
     assert await within(1, asyncio.sleep(0, "done")) == "done"
 
 
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+async def test_readiness_with_a_database_that_refuses_says_when_to_retry(db):
+    async with api_client(db) as api:
+        services = api._transport.app.state.services  # type: ignore[attr-defined]
+        services.engine = make_async_engine("postgresql://nobody@127.0.0.1:1/none")
+        down = await api.get("/readyz")
+        await services.engine.dispose()
+    assert down.status_code == 503 and down.headers["Retry-After"] == "5"
+
+
 def test_the_database_timeout_defaults_to_five_seconds():
     assert Settings().database_timeout_seconds == 5.0
 
