@@ -456,12 +456,11 @@ def worker(
     import asyncio
 
     from mailbag import log, runtime
+    from mailbag.worker import WorkerFailed
 
     log.configure(settings.log_level)
     check_provider(settings)
     prepare(settings, key=True)
-    from mailbag.worker import WorkerFailed
-
     try:
         asyncio.run(runtime.run_worker(settings))
     except WorkerFailed as exc:  # logged with its traceback by the worker
