@@ -79,10 +79,12 @@ ALLOW_TEST_DOMAINS_SETTING = "MAILBAG_ALLOW_TEST_DOMAINS"
 
 @dataclass(frozen=True)
 class AddressRules:
-    """Which addresses this deployment can send to: the settings and the provider decide.
+    """Which addresses this deployment can send to: the settings and the provider decide
+    (`Settings.address_rules`; the API, the CLI and verifications pass it).
 
-    The default is what any provider can carry to any real domain. `provider` only names
-    the provider in error texts."""
+    The default, for callers that know no provider: no test domains, UTF-8 local parts
+    allowed (a provider that cannot carry one rejects the send). `provider` only names the
+    provider in error texts."""
 
     allow_test_domains: bool = False
     utf8_local_part: bool = True
