@@ -8,12 +8,15 @@ that used to hang requests for 40 s and one pooled request for 15 minutes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from api_helpers import api_client, new_tenant
+from api_helpers import api_client, new_tenant, settings_for
+from mailbag import runtime
 from mailbag.settings import Settings
 from mailbag.store.database import DatabaseTimeout, make_async_engine, within
 from mailbag.templates import builtin
@@ -68,30 +71,32 @@ async def test_the_api_answers_503_within_its_timeout_during_a_partition_then_re
             assert (await api.get("/readyz")).status_code == 200
 
 
+@contextlib.asynccontextmanager
+async def worker_behind(proxy: TcpProxy, db: Any, provider: Any) -> AsyncIterator[Any]:
+    """A worker as `mailbag worker` builds it, on a database behind the proxy; running."""
+    settings = settings_for(db, database_url=proxy.url(db.url), database_timeout_seconds=TIMEOUT)
+    engine = runtime.worker_engine(settings)
+    config = WorkerConfig.from_settings(
+        settings, poll_interval=0.05, sweep_every=0.05, policy=FAST_RETRY, db_backoff=(0.2, 0.5)
+    )
+    worker = Worker(engine=engine, provider=provider, catalog=builtin(), config=config)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield worker, task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await engine.dispose()
+
+
 @servers
 async def test_a_worker_notices_a_partition_within_its_timeout_and_delivers_after(db):
+    provider = MemoryProvider()
     with TcpProxy.to_database(db.url) as proxy:
-        engine = make_async_engine(proxy.url(db.url), pool_size=4, statement_timeout=TIMEOUT)
-        provider = MemoryProvider()
-        worker = Worker(
-            engine=engine,
-            provider=provider,
-            catalog=builtin(),
-            config=WorkerConfig(
-                worker_id="w",
-                poll_interval=0.05,
-                sweep_every=0.05,
-                policy=FAST_RETRY,
-                db_timeout=TIMEOUT,
-                db_backoff=(0.2, 0.5),
-            ),
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(worker.run(stop))
-        try:
+        async with worker_behind(proxy, db, provider) as (worker, task):
             enqueue(db, 1)
-            await wait_for(lambda: len(provider.sent) == 1, "the first email")
-            await wait_for(lambda: status_counts(db) == {"sent": 1}, "its outcome written")
+            await wait_for(lambda: status_counts(db) == {"sent": 1}, "the first email")
             proxy.black_hole()
             started = time.monotonic()
             await wait_for(lambda: worker.db_backoff.failures > 0, "the worker to notice")
@@ -101,30 +106,15 @@ async def test_a_worker_notices_a_partition_within_its_timeout_and_delivers_afte
             assert not task.done() and len(provider.sent) == 1
             proxy.heal()
             await wait_for(lambda: status_counts(db) == {"sent": 4}, "delivery after healing")
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 30)
-            await engine.dispose()
     assert len(provider.sent) == 4
 
 
 @servers
 async def test_an_outcome_written_during_a_partition_is_kept_and_written_after(db):
+    provider = MemoryProvider()
+    provider.gate = asyncio.Event()
     with TcpProxy.to_database(db.url) as proxy:
-        engine = make_async_engine(proxy.url(db.url), pool_size=4, statement_timeout=TIMEOUT)
-        provider = MemoryProvider()
-        provider.gate = asyncio.Event()
-        worker = Worker(
-            engine=engine,
-            provider=provider,
-            catalog=builtin(),
-            config=WorkerConfig(
-                worker_id="w", poll_interval=0.05, db_timeout=TIMEOUT, db_backoff=(0.2, 0.5)
-            ),
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(worker.run(stop))
-        try:
+        async with worker_behind(proxy, db, provider):
             enqueue(db, 2)
             await wait_for(lambda: status_counts(db) == {"processing": 2}, "two sends in flight")
             proxy.black_hole()
@@ -134,10 +124,6 @@ async def test_an_outcome_written_during_a_partition_is_kept_and_written_after(d
             assert status_counts(db) == {"processing": 2}
             proxy.heal()
             await wait_for(lambda: status_counts(db) == {"sent": 2}, "the outcomes written")
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 30)
-            await engine.dispose()
     assert len(provider.sent) == 2
 
 

@@ -194,11 +194,12 @@ def test_the_worker_rides_out_a_database_restart(db, tmp_path):
     assert counts(db) == {"sent": total}
 
 
-def test_sigterm_lets_sends_finish_and_exits_zero(tmp_path):
+def sqlite_db(path: Path) -> Any:
+    """A migrated SQLite file shaped like the `db` fixture (url, dialect, engine)."""
     from mailbag.store import migrate
     from mailbag.store.database import dialect_of, make_engine
 
-    url = f"sqlite:///{tmp_path / 'drain.db'}"
+    url = f"sqlite:///{path}"
     engine = make_engine(url)
     migrate.upgrade(engine)
 
@@ -207,6 +208,12 @@ def test_sigterm_lets_sends_finish_and_exits_zero(tmp_path):
 
     db = DB()
     db.engine, db.url, db.dialect = engine, url, dialect_of(url)  # type: ignore[attr-defined]
+    return db
+
+
+def test_sigterm_lets_sends_finish_and_exits_zero(tmp_path):
+    db = sqlite_db(tmp_path / "drain.db")
+    engine = db.engine
     enqueue_many(db, 6)
     with RecordingSMTPServer() as smtp:
         smtp.reply_delay = 1.5
@@ -275,20 +282,9 @@ app(prog_name="mailbag", args=["worker"])
 
 def test_a_worker_whose_finalizer_dies_exits_non_zero_and_says_why(tmp_path):
     """A supervisor sees the exit status; the operator sees one line naming the helper."""
-    from mailbag.store import migrate
-    from mailbag.store.database import dialect_of, make_engine
-
-    url = f"sqlite:///{tmp_path / 'broken.db'}"
-    engine = make_engine(url)
-    migrate.upgrade(engine)
-
-    class DB:
-        pass
-
-    db = DB()
-    db.engine, db.url, db.dialect = engine, url, dialect_of(url)  # type: ignore[attr-defined]
+    db = sqlite_db(tmp_path / "broken.db")
     enqueue_many(db, 3)
-    env = mailbag_env(url, provider="file", file_dir=str(tmp_path / "mail"), poll_interval="0.1")
+    env = mailbag_env(db.url, provider="file", file_dir=str(tmp_path / "mail"), poll_interval="0.1")
     log = tmp_path / "worker.log"
     worker = subprocess.Popen(
         [sys.executable, "-c", BROKEN_FINALIZER],

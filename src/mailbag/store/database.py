@@ -124,7 +124,6 @@ def _mysql_options(
 
 def _engine_options(
     url: URL,
-    dialect: Dialect,
     *,
     pool_size: int | None,
     null_pool: bool,
@@ -132,6 +131,7 @@ def _engine_options(
     statement_timeout: float | None,
     asynchronous: bool,
 ) -> dict[str, Any]:
+    dialect = dialect_of(url)
     # hide_parameters: a database error's message would carry the statement's values (a
     # recipient, an Idempotency-Key, template data) into every log that prints it.
     options: dict[str, Any] = {"pool_pre_ping": dialect != "sqlite", "hide_parameters": True}
@@ -166,12 +166,10 @@ def make_engine(
     """A sync engine. `timeout` bounds connecting and a silent network; `statement_timeout`
     (seconds, None: no bound, for migrations and operator commands) bounds each statement."""
     engine_url = sync_url(url)
-    dialect = dialect_of(engine_url)
     engine = create_engine(
         engine_url,
         **_engine_options(
             engine_url,
-            dialect,
             pool_size=pool_size,
             null_pool=null_pool,
             timeout=timeout,
@@ -179,7 +177,7 @@ def make_engine(
             asynchronous=False,
         ),
     )
-    if dialect == "sqlite":
+    if dialect_of(engine_url) == "sqlite":
         _configure_sqlite(engine)
     return engine
 
@@ -194,12 +192,10 @@ def make_async_engine(
 ) -> AsyncEngine:
     """The async twin of `make_engine`, with the same options."""
     engine_url = async_url(url)
-    dialect = dialect_of(engine_url)
     engine = create_async_engine(
         engine_url,
         **_engine_options(
             engine_url,
-            dialect,
             pool_size=pool_size,
             null_pool=null_pool,
             timeout=timeout,
@@ -207,7 +203,7 @@ def make_async_engine(
             asynchronous=True,
         ),
     )
-    if dialect == "sqlite":
+    if dialect_of(engine_url) == "sqlite":
         _configure_sqlite(engine.sync_engine)
     return engine
 
