@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from api_helpers import api_client, new_tenant, settings_for
 from mailbag import runtime
 from mailbag.settings import Settings
-from mailbag.store.database import DatabaseTimeout, make_async_engine, within
+from mailbag.store.database import DatabaseTimeout, connect_args, make_async_engine, within
 from mailbag.templates import builtin
 from mailbag.worker import Worker, WorkerConfig
 from tcp_proxy import TcpProxy
@@ -125,6 +127,30 @@ async def test_an_outcome_written_during_a_partition_is_kept_and_written_after(d
             proxy.heal()
             await wait_for(lambda: status_counts(db) == {"sent": 2}, "the outcomes written")
     assert len(provider.sent) == 2
+
+
+@servers
+async def test_the_server_ends_a_statement_that_outlives_the_timeout(db):
+    """The backstop for work a client gave up on: it must not run on, holding locks."""
+    engine = runtime.worker_engine(settings_for(db, database_timeout_seconds=1))
+    sleep = "SELECT pg_sleep(3)" if db.dialect == "postgresql" else "SELECT SLEEP(3)"
+    started = time.monotonic()
+    with pytest.raises(OperationalError, match=r"statement timeout|max_statement_time"):
+        async with engine.connect() as conn:
+            await conn.execute(text(sleep))
+    assert time.monotonic() - started < 2.5
+    await engine.dispose()
+
+
+def test_a_url_s_own_connection_parameters_win():
+    args = connect_args(
+        "postgresql://u@db.example/mailbag?connect_timeout=30&options=-c%20statement_timeout%3D0",
+        5,
+        statement_timeout=5,
+    )
+    assert "connect_timeout" not in args and args["tcp_user_timeout"] == 5000
+    assert args["options"].endswith("-c statement_timeout=0")  # last: it wins
+    assert "connect_timeout" not in connect_args("mysql://u@db.example/m?connect_timeout=9", 5)
 
 
 async def test_within_gives_up_on_time_without_waiting_for_the_work_to_wind_down():

@@ -590,8 +590,9 @@ class Worker:
                 )
 
     async def _run_regularly(self, job: PeriodicJob) -> None:
-        """A job the entry point hands in (reconciliation), every so often; its failures are
-        logged and it runs again next time."""
+        """A job the entry point hands in (reconciliation), every so often; its database
+        errors are logged and it runs again next time (anything else is a bug: the job's
+        task dies, and with it the worker, see `_helper_ended`)."""
         while True:
             await asyncio.sleep(job.every)
             try:
@@ -626,9 +627,9 @@ class Worker:
 
     async def _write_the_rest(self) -> None:
         """Wait for the finalizer to write every known outcome. A dead finalizer is replaced
-        once, for the drain only, with the batch it held; what still cannot be written stays
-        `processing`, its lease no longer renewed, until a sweep makes it `unknown` (those
-        sends happened, or may have: never resent blindly)."""
+        once, for the drain only, with the batch it held. What still cannot be written stays
+        `processing`, its lease no longer renewed, until a sweep makes it `unknown`: most of
+        those sends happened, and none is resent blindly (evidence or an operator decides)."""
         writer = self.helpers.get(FINALIZER)
         if writer is not None and writer.done():
             for item in self.writing:

@@ -82,8 +82,7 @@ class DatabaseTimeout(TimeoutError):
     """The database did not answer within the caller's bound (see `within`)."""
 
 
-def libpq_options(timeout: float, statement_timeout: float | None = None) -> dict[str, Any]:
-    """psycopg/libpq connection parameters: the one place that sets them (engines, LISTEN)."""
+def libpq_options(timeout: float, statement_timeout: float | None) -> dict[str, Any]:
     seconds = max(2, round(timeout))  # libpq counts whole seconds, 2 at least
     # Timestamps come back tagged with Python's own UTC, which needs no conversion. The
     # statement bounds ride in the same startup `options` (PgBouncer in transaction mode
@@ -142,17 +141,35 @@ def _engine_options(
         # server process forked each time); callers wait for a pooled one instead, but
         # not for ever.
         options.update(pool_size=pool_size, max_overflow=0, pool_timeout=timeout)
-    connect_args: dict[str, Any] = {}
-    if dialect == "postgresql":
-        connect_args = libpq_options(timeout, statement_timeout)
     if dialect == "mysql":
-        connect_args = _mysql_options(timeout, statement_timeout, asynchronous=asynchronous)
         # Fresh reads in every statement and no gap locks: the claim and finalize rely on
         # row locks only, and a duplicate enqueue must see the row that beat it.
         options["isolation_level"] = "READ COMMITTED"
-    if connect_args:
-        options["connect_args"] = {k: v for k, v in connect_args.items() if k not in url.query}
+    args = connect_args(url, timeout, statement_timeout, asynchronous=asynchronous)
+    if args:
+        options["connect_args"] = args
     return options
+
+
+def connect_args(
+    url: str | URL,
+    timeout: float,
+    statement_timeout: float | None = None,
+    *,
+    asynchronous: bool = True,
+) -> dict[str, Any]:
+    """The driver's connection parameters for these timeouts, less any the URL sets itself."""
+    parsed = make_url(url) if isinstance(url, str) else url
+    args: dict[str, Any] = {}
+    dialect = dialect_of(parsed)
+    if dialect == "postgresql":
+        args = libpq_options(timeout, statement_timeout)
+    if dialect == "mysql":
+        args = _mysql_options(timeout, statement_timeout, asynchronous=asynchronous)
+    own_options = parsed.query.get("options")
+    if "options" in args and isinstance(own_options, str):
+        args["options"] += f" {own_options}"  # the URL's own `-c` settings last: they win
+    return {k: v for k, v in args.items() if k == "options" or k not in parsed.query}
 
 
 def make_engine(

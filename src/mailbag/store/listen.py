@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from sqlalchemy.engine import make_url
 
-from mailbag.store.database import DEFAULT_TIMEOUT, libpq_options
+from mailbag.store.database import DEFAULT_TIMEOUT, connect_args
 
 
 def libpq_url(url: str) -> str:
@@ -34,7 +34,7 @@ async def listen(
             # The engines' connect timeout and keepalives: a partition ends this connection
             # (and polling carries on) instead of leaving it waiting for ever.
             connection = await psycopg.AsyncConnection.connect(
-                libpq_url(url), autocommit=True, **libpq_options(network_timeout)
+                libpq_url(url), autocommit=True, **connect_args(url, network_timeout)
             )
             async with connection as conn:
                 await conn.execute(f"LISTEN {channel}")
