@@ -10,18 +10,19 @@ import signal
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from mailbag import keys, log, providers, templates
-from mailbag.services.reconciliation import Reconciler
+from mailbag import keys, log
 from mailbag.settings import Settings
 from mailbag.store import migrate
 from mailbag.store.database import dialect_of, make_async_engine, make_engine
-from mailbag.worker import PeriodicJob, Worker, WorkerConfig
+
+if TYPE_CHECKING:
+    from mailbag.worker import Worker
 
 
 class CannotStart(RuntimeError):
@@ -93,6 +94,12 @@ def worker_engine(settings: Settings) -> AsyncEngine:
 
 
 def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
+    # Imported here: operator commands check the schema through this module, and need
+    # neither the worker nor the providers (botocore).
+    from mailbag import providers, templates
+    from mailbag.services.reconciliation import Reconciler
+    from mailbag.worker import PeriodicJob, Worker, WorkerConfig
+
     listen_url = (
         settings.database_url if dialect_of(settings.database_url) == "postgresql" else None
     )
