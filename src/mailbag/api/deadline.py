@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mailbag import log
 from mailbag.api.problems import problem_response
-from mailbag.store.database import abandon
+from mailbag.store.database import abandon, wait_done
 
 RETRY_AFTER_SECONDS = 5
 
@@ -85,7 +85,7 @@ class DatabaseDeadline:
                     )
                     return
                 # Woken early by the end of the work; late reads are re-counted next round.
-                await asyncio.wait({work}, timeout=max(left, 0.05))
+                await wait_done(work, max(left, 0.05))
         except asyncio.CancelledError:
             abandon(work)
             raise

@@ -259,7 +259,7 @@ async def within(seconds: float | None, work: Awaitable[T]) -> T:
         return await work
     task = asyncio.ensure_future(work)
     try:
-        done, _ = await asyncio.wait({task}, timeout=seconds)
+        done = await wait_done(task, seconds)
     except asyncio.CancelledError:
         abandon(task)
         raise
@@ -267,6 +267,27 @@ async def within(seconds: float | None, work: Awaitable[T]) -> T:
         abandon(task)
         raise DatabaseTimeout(f"the database did not answer within {seconds:g} s")
     return task.result()
+
+
+async def wait_done(work: asyncio.Future[Any], seconds: float) -> bool:
+    """Wait until `work` is done or `seconds` have passed, without touching it: is it done?
+    (asyncio.wait does the same at twice the cost, and this runs on every database round.)"""
+    if work.done():
+        return True
+    waiter = asyncio.get_running_loop().create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    work.add_done_callback(wake)
+    timer = asyncio.get_running_loop().call_later(seconds, wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        work.remove_done_callback(wake)
+    return work.done()
 
 
 def _configure_sqlite(engine: Engine) -> None:
