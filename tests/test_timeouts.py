@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -90,6 +91,23 @@ async def worker_behind(proxy: TcpProxy, db: Any, provider: Any) -> AsyncIterato
         stop.set()
         await asyncio.wait_for(task, 30)
         await engine.dispose()
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+async def test_a_slow_upload_is_not_a_database_timeout(db):
+    _, key = new_tenant(db)
+    body = json.dumps(BODY).encode()
+
+    async def slowly() -> AsyncIterator[bytes]:
+        for i in range(0, len(body), 10):  # over a second in all
+            await asyncio.sleep(0.2)
+            yield body[i : i + 10]
+
+    async with api_client(db, key, database_timeout_seconds=1) as api:
+        created = await api.post(
+            "/v1/messages", content=slowly(), headers={"Content-Type": "application/json"}
+        )
+    assert created.status_code == 201, created.text
 
 
 @servers

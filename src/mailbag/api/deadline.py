@@ -4,11 +4,12 @@ Driver and server timeouts (store/database.py) cover a database that refuses, re
 stays silent on the wire, but not one whose bytes vanish into a network that still
 acknowledges them (a hung proxy, a half-dead load balancer): only the caller's own clock
 sees that. So every HTTP request gets DATABASE_TIMEOUT_SECONDS from the moment the app
-starts on it, not counting the time spent waiting for the client's body (a slow upload is
-not a database outage). Past that, before any byte of the answer left, the request is
-abandoned (its database work cancelled without waiting, see `database.abandon`) and
-answered 503 with Retry-After. A client that retries a POST with its Idempotency-Key gets
-the first answer if the abandoned work had committed after all.
+starts on it. The body has been read by then (BodyLimit, outside this middleware, reads it
+whole first), so a slow upload is not taken for a database outage. Past that, before any
+byte of the answer left, the request is abandoned (its database work cancelled without
+waiting, see `database.abandon`) and answered 503 with Retry-After. A client that retries
+a POST with its Idempotency-Key gets the first answer if the abandoned work had committed
+after all.
 """
 
 from __future__ import annotations
@@ -45,20 +46,8 @@ class DatabaseDeadline:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        loop = asyncio.get_running_loop()
-        client_time = 0.0  # spent waiting for the client, not the database
-        reading_since: float | None = None
         answering = False  # the answer has begun: it is let through, however long it takes
         given_up = False
-
-        async def timed_receive() -> Message:
-            nonlocal client_time, reading_since
-            reading_since = loop.time()
-            try:
-                return await receive()
-            finally:
-                client_time += loop.time() - reading_since
-                reading_since = None
 
         async def guarded_send(message: Message) -> None:
             nonlocal answering
@@ -67,25 +56,18 @@ class DatabaseDeadline:
             answering = True
             await send(message)
 
-        started = loop.time()
-        work = asyncio.ensure_future(self.app(scope, timed_receive, guarded_send))
+        work = asyncio.ensure_future(self.app(scope, receive, guarded_send))
         try:
-            while not work.done():
-                if answering:
-                    await asyncio.wait({work})
-                    break
-                now = loop.time()
-                reading = now - reading_since if reading_since is not None else 0.0
-                left = started + client_time + reading + self.seconds - now
-                if left <= 0 and reading_since is None:
-                    given_up = True
-                    abandon(work)
-                    await database_unavailable(f"no answer within {self.seconds:g} s")(
-                        scope, receive, send
-                    )
-                    return
-                # Woken early by the end of the work; late reads are re-counted next round.
-                await wait_done(work, max(left, 0.05))
+            done = await wait_done(work, self.seconds)
+            if not done and answering:
+                await asyncio.wait({work})
+            elif not done:
+                given_up = True
+                abandon(work)
+                await database_unavailable(f"no answer within {self.seconds:g} s")(
+                    scope, receive, send
+                )
+                return
         except asyncio.CancelledError:
             abandon(work)
             raise
