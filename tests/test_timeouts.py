@@ -65,6 +65,10 @@ async def test_the_api_answers_503_within_its_timeout_during_a_partition_then_re
                 assert answer.headers["Retry-After"] == "5"
                 assert seconds < TIMEOUT + SLACK
             assert answers[0][0].json()["type"].endswith("/database-unavailable")
+            # The process's own metrics still come out, without the database's gauges.
+            metrics, seconds = await timed(api.get("/metrics"))
+            assert metrics.status_code == 200 and "mailbag_" in metrics.text
+            assert seconds < TIMEOUT + SLACK
 
             proxy.heal()
             again = await api.post("/v1/messages", json=BODY, headers={"Idempotency-Key": "k-1"})
