@@ -13,7 +13,6 @@ from mailbag.clock import Clock, utcnow
 from mailbag.services.tenants import create_tenant
 from mailbag.settings import Settings
 
-
 # Server databases have no key file beside them: every replica is given the same key.
 TEST_SECRET_KEY = "test-secret-key-not-for-production-0123456789"
 

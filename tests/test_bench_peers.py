@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from bench.peers import common
+
 from conftest import IN_CI
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -24,6 +24,7 @@ from sqlalchemy.engine import make_url
 from mailbag.store.database import dialect_of
 
 MIN_LENGTH = 32
+GENERATE_HINT = "generate one with `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
 KEY_FILE_SUFFIX = ".key"
 
 
@@ -40,8 +41,7 @@ def load(secret_key: str | None, database_url: str) -> bytes:
     if secret_key is not None:
         if len(secret_key) < MIN_LENGTH:
             raise MissingSecretKey(
-                f"MAILBAG_SECRET_KEY is shorter than {MIN_LENGTH} characters; generate one with "
-                "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+                f"MAILBAG_SECRET_KEY is shorter than {MIN_LENGTH} characters; {GENERATE_HINT}"
             )
         return secret_key.encode()
     path = _sqlite_file(database_url)
@@ -49,7 +49,7 @@ def load(secret_key: str | None, database_url: str) -> bytes:
         raise MissingSecretKey(
             "MAILBAG_SECRET_KEY is not set: with a database server, every API and worker "
             "replica needs the same key (it signs console sessions and derives verification "
-            "tokens); generate one with `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            f"tokens); {GENERATE_HINT}"
         )
     return _key_file(path)
 
