@@ -68,6 +68,12 @@ def test_migrate_then_enqueue_prints_the_same_id_for_the_same_key(cli, db):
         (["--template", "missing"], "unknown template"),
         (["--header", "X-Bad"], "Name: value"),
         (["--send-at", "tomorrow"], "ISO 8601"),
+        # Valid to the parsers, refused by the databases: caught before anything is written.
+        (["--data", '{"name":"A","x":"\\u0000"}'], "NUL"),
+        (["--data", '{"name":"A","\\ud800":1}'], "lone surrogate"),
+        (["--data", '{"name":"A","x":' + "[" * 300 + "]" * 300 + "}"], "nested more than"),
+        (["--send-at", "9999-12-31T23:00:00-05:00"], "between the years 1000 and 9999"),
+        (["--send-at", "0001-01-01T00:00:00+01:00"], "between the years 1000 and 9999"),
     ],
 )
 def test_bad_input_exits_non_zero_and_writes_nothing(cli, db, args, complaint):

@@ -13,6 +13,8 @@ from typing import Any
 import idna
 from email_validator import EmailNotValidError, validate_email
 
+from mailbag.domain import storable
+
 # Column limits (the seed design's, plus the ones it left open). The schema uses the same names.
 ADDRESS_MAX = 255
 NAME_MAX = 255
@@ -264,6 +266,8 @@ def new_message(
         errors["max_attempts"] = "must be a positive integer"
     if send_at is not None and send_at.tzinfo is None:
         errors["send_at"] = "must carry a time zone"
+    elif send_at is not None and (problem := storable.time_problem(send_at)) is not None:
+        errors["send_at"] = problem
 
     if errors:
         raise InvalidMessage(errors)
@@ -308,6 +312,11 @@ def _json_object(
         return {}
     if not isinstance(value, Mapping):
         errors[name] = "must be a JSON object"
+        return {}
+    try:  # first, and iterative: json.dumps itself recurses as deep as the value nests
+        storable.check(value)
+    except storable.Unstorable as exc:
+        errors[name] = str(exc)
         return {}
     try:
         encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
