@@ -29,6 +29,14 @@ def test_the_migration_and_the_table_definitions_agree(db):
     assert diff == []
 
 
+def test_head_is_alembics_only_head():
+    # Commands check the schema against migrate.HEAD without importing Alembic: a new
+    # migration that does not bump HEAD fails here, not in production.
+    from alembic.script import ScriptDirectory
+
+    assert ScriptDirectory.from_config(migrate.alembic_config()).get_heads() == [migrate.HEAD]
+
+
 def test_the_database_is_at_the_head_revision(db):
     with db.engine.connect() as conn:
         assert migrate.is_current(conn)

@@ -92,7 +92,7 @@ def migrate() -> None:
 
     settings = load_settings()
     prepare(settings, upgrade=True)
-    typer.echo(f"schema at revision {migrations.head_revision()}")
+    typer.echo(f"schema at revision {migrations.HEAD}")
 
 
 @app.command()

@@ -1,6 +1,9 @@
 """Assemble the long-running parts from settings: engines, provider, catalog, worker.
 
 Entry points (the CLI, `serve`) call these; tests build the same parts directly.
+
+Every operator command checks the schema through this module, so what only the long-running
+parts need (the worker, providers, logging, uvicorn) is imported where they are built.
 """
 
 from __future__ import annotations
@@ -14,14 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from mailbag import keys, log
-from mailbag.settings import Settings
+from mailbag import keys
 from mailbag.store import migrate
 from mailbag.store.database import dialect_of, make_async_engine, make_engine
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from mailbag.settings import Settings
     from mailbag.worker import Worker
 
 
@@ -61,7 +65,7 @@ def ensure_schema(settings: Settings, *, upgrade: bool) -> None:
                 state = (
                     "has no mailbag schema"
                     if current is None
-                    else f"schema is at revision {current!r}, not {migrate.head_revision()!r}"
+                    else f"schema is at revision {current!r}, not {migrate.HEAD!r}"
                 )
                 raise SchemaNotCurrent(f"the database {state}: run `mailbag migrate` first")
     except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
@@ -94,8 +98,6 @@ def worker_engine(settings: Settings) -> AsyncEngine:
 
 
 def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
-    # Imported here: operator commands check the schema through this module, and need
-    # neither the worker nor the providers (botocore).
     from mailbag import providers, templates
     from mailbag.services.reconciliation import Reconciler
     from mailbag.worker import PeriodicJob, Worker, WorkerConfig
@@ -185,6 +187,8 @@ async def run_serve(settings: Settings, on_ready: Callable[[], None] | None = No
 async def _serve_api(server: Any, settings: Settings) -> None:
     """uvicorn reports a failed start (port in use, app not importable) with sys.exit(1)
     after logging it; turn that into an error that names the cause."""
+    from mailbag import log
+
     try:
         await server.serve()
     except SystemExit as exc:
@@ -203,6 +207,8 @@ async def _serve_api(server: Any, settings: Settings) -> None:
 
 
 async def _run_worker_task(settings: Settings, stop: asyncio.Event) -> None:
+    from mailbag import log
+
     try:
         await run_worker(settings, stop)
     except Exception as exc:

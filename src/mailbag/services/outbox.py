@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from mailbag import metrics, wakeup
 from mailbag.clock import utcnow
@@ -27,6 +26,9 @@ from mailbag.store import outbox as store
 from mailbag.store.database import Dialect, dialect_of
 from mailbag.store.outbox import Enqueued
 from mailbag.store.plan import run, run_async
+
+if TYPE_CHECKING:  # the asyncio extension brings in the ORM: sync callers never need it
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 DEFAULT_MAX_ATTEMPTS = RetryPolicy().max_attempts
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 Dialect = Literal["sqlite", "postgresql", "mysql"]
 
@@ -208,6 +210,9 @@ def make_async_engine(
     statement_timeout: float | None = None,
 ) -> AsyncEngine:
     """The async twin of `make_engine`, with the same options."""
+    # Imported here: it brings in the ORM, which sync commands (enqueue, purge) never need.
+    from sqlalchemy.ext.asyncio import create_async_engine
+
     engine_url = async_url(url)
     engine = create_async_engine(
         engine_url,

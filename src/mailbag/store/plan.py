@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Executable, Result
-from sqlalchemy.ext.asyncio import AsyncConnection
+
+if TYPE_CHECKING:  # the asyncio extension brings in the ORM: only async callers load it
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 T = TypeVar("T")
 Params = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
