@@ -1,4 +1,5 @@
-"""The deployment's secret key: it signs console sessions and derives verification tokens.
+"""The deployment's secret key: it signs console sessions and derives verification tokens;
+and the one comparison every configured credential goes through (`secret_matches`).
 
 The key never enters the database, so a dump, a read replica or a backup of the database
 can neither confirm a pending address nor forge an operator's session. Each use gets its
@@ -18,10 +19,14 @@ import hmac
 import os
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import make_url
 
 from mailbag.store.database import dialect_of
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
 
 MIN_LENGTH = 32
 GENERATE_HINT = "generate one with `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
@@ -35,6 +40,24 @@ class MissingSecretKey(RuntimeError):
 def derive(key: bytes, purpose: str) -> bytes:
     """A subkey for one purpose (HMAC-SHA256 of the purpose under the deployment key)."""
     return hmac.new(key, f"mailbag/{purpose}".encode(), hashlib.sha256).digest()
+
+
+def secret_matches(offered: str | None, expected: SecretStr | None) -> bool:
+    """Whether a submitted credential is the configured one. An empty or missing one never
+    is, nor is anything when no credential is configured. Digests of equal length are
+    compared in constant time, so the time taken says nothing about the secret's length."""
+    if not offered or expected is None or not expected.get_secret_value():
+        return False
+    return hmac.compare_digest(
+        hashlib.sha256(offered.encode("utf-8", "surrogatepass")).digest(),
+        hashlib.sha256(expected.get_secret_value().encode("utf-8", "surrogatepass")).digest(),
+    )
+
+
+def bearer_matches(authorization: str | None, expected: SecretStr | None) -> bool:
+    """Whether an `Authorization` header is `Bearer <expected>` (e.g. METRICS_TOKEN)."""
+    scheme, _, offered = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and secret_matches(offered, expected)
 
 
 def load(secret_key: str | None, database_url: str) -> bytes:

@@ -217,15 +217,25 @@ async def _run_worker_task(settings: Settings, stop: asyncio.Event) -> None:
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    stop = stop or stop_on_signals()
-    if settings.metrics_port is not None:
-        from prometheus_client import start_http_server
+    """Send until `stop` (default: SIGTERM/SIGINT) and drain. With METRICS_PORT, the
+    worker's metrics are served there meanwhile, behind METRICS_TOKEN like the API's."""
+    from mailbag import metrics_server
 
-        start_http_server(settings.metrics_port, addr=settings.api_host)
-    engine = worker_engine(settings)
-    worker = build_worker(settings, engine)
+    stop = stop or stop_on_signals()
+    endpoint = (
+        metrics_server.start(settings.api_host, settings.metrics_port, settings.metrics_token)
+        if settings.metrics_port is not None
+        else None
+    )
     try:
-        await worker.run(stop)
+        engine = worker_engine(settings)
+        worker = build_worker(settings, engine)
+        try:
+            await worker.run(stop)
+        finally:
+            await worker.provider.aclose()
+            await engine.dispose()
     finally:
-        await worker.provider.aclose()
-        await engine.dispose()
+        if endpoint is not None:  # scrapes are answered until the drain is done
+            await asyncio.to_thread(endpoint.shutdown)
+            endpoint.server_close()

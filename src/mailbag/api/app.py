@@ -22,11 +22,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mailbag import console, log, metrics, templates
 from mailbag.api import admin, messages, verifications, webhooks
 from mailbag.api.deadline import RETRY_AFTER_SECONDS, DatabaseDeadline, database_unavailable
-from mailbag.api.deps import Services, secret_matches
+from mailbag.api.deps import Services
 from mailbag.api.problems import ProblemError, problem_response
 from mailbag.clock import Clock, utcnow
 from mailbag.domain import storable
 from mailbag.domain.message import InvalidMessage
+from mailbag.keys import bearer_matches
 from mailbag.services import idempotency
 from mailbag.services import messages as message_service
 from mailbag.services import verification as verification_service
@@ -100,16 +101,15 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
         """Prometheus metrics; the outbox-wide gauges are read from the database now.
         With METRICS_TOKEN set, only for `Authorization: Bearer <METRICS_TOKEN>`."""
         svc: Services = request.app.state.services
-        if settings.metrics_token is not None:
-            scheme, _, offered = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not secret_matches(offered, settings.metrics_token):
-                raise ProblemError(
-                    401,
-                    "unauthorized",
-                    "Unauthorized",
-                    "send `Authorization: Bearer <METRICS_TOKEN>`",
-                    headers={"WWW-Authenticate": 'Bearer realm="mailbag metrics"'},
-                )
+        token = settings.metrics_token
+        if token is not None and not bearer_matches(request.headers.get("authorization"), token):
+            raise ProblemError(
+                401,
+                "unauthorized",
+                "Unauthorized",
+                "send `Authorization: Bearer <METRICS_TOKEN>`",
+                headers={"WWW-Authenticate": 'Bearer realm="mailbag metrics"'},
+            )
         try:
             # Within half the request's deadline: during an outage, when metrics matter
             # most, the process's own metrics still come out.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -12,12 +10,12 @@ from typing import Annotated
 import structlog
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag.api.problems import ProblemError
 from mailbag.api.throttle import FailureThrottle
 from mailbag.clock import Clock
+from mailbag.keys import secret_matches as secret_matches  # one door, shared with the worker
 from mailbag.services import tenants
 from mailbag.services.idempotency import InvalidIdempotencyKey, check_key, key_hash
 from mailbag.services.messages import Messages
@@ -87,18 +85,6 @@ async def services(request: Request) -> Services:
 
 async def now(svc: Annotated[Services, Depends(services)]) -> datetime:
     return svc.clock()
-
-
-def secret_matches(offered: str | None, expected: SecretStr | None) -> bool:
-    """Whether a submitted credential is the configured one. An empty or missing one never
-    is, nor is anything when no credential is configured. Digests of equal length are
-    compared in constant time, so the time taken says nothing about the secret's length."""
-    if not offered or expected is None or not expected.get_secret_value():
-        return False
-    return hmac.compare_digest(
-        hashlib.sha256(offered.encode("utf-8", "surrogatepass")).digest(),
-        hashlib.sha256(expected.get_secret_value().encode("utf-8", "surrogatepass")).digest(),
-    )
 
 
 def client_address(request: Request) -> str:
