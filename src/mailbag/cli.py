@@ -216,8 +216,6 @@ def stats(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Counts by state, the oldest due message's age, sends and errors in the last hour."""
-    from rich.console import Console
-
     from mailbag.clock import utcnow
 
     settings = load_settings()
@@ -225,6 +223,8 @@ def stats(
     if as_json:
         typer.echo(json.dumps(health.as_dict()))
     else:
+        from rich.console import Console  # only for the table: scripts read --json
+
         Console().print(health_table(health))
 
 
