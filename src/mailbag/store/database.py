@@ -19,6 +19,8 @@ A URL's own query parameters (`?connect_timeout=30`) win over these defaults.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -295,6 +297,25 @@ async def wait_done(work: asyncio.Future[Any], seconds: float) -> bool:
     return work.done()
 
 
+def _switch_to_wal(cursor: Any) -> None:
+    """`PRAGMA journal_mode = WAL`, waiting for a lock the way busy_timeout would.
+
+    Switching a new file to WAL takes an exclusive lock and SQLite does not apply
+    busy_timeout to it: processes opening a fresh database at the same moment (`serve` and
+    a worker, parallel migrations) would see "database is locked" at once. The mode stays
+    with the file, so this waits only on a database's first opening.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _configure_sqlite(engine: Engine) -> None:
     """WAL for concurrent readers, a busy timeout for concurrent writers, and BEGIN IMMEDIATE.
 
@@ -308,7 +329,7 @@ def _configure_sqlite(engine: Engine) -> None:
         dbapi_connection.isolation_level = None  # let SQLAlchemy's BEGIN below take over
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        _switch_to_wal(cursor)
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.close()
