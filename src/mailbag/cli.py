@@ -57,13 +57,16 @@ def load_settings(**overrides: Any) -> Settings:
 
 def prepare(settings: Settings, *, upgrade: bool = False, key: bool = False) -> None:
     """Check what a command needs before it starts: the schema (migrated first with
-    `upgrade`) and, for the long-running commands, the deployment key."""
+    `upgrade`) and, for the long-running commands, the deployment key: present, and the
+    one this database was first used with."""
     from mailbag import runtime
 
     try:
         if key:
             runtime.require_key(settings)
         runtime.ensure_schema(settings, upgrade=upgrade)
+        if key:
+            runtime.check_key(settings)
     except runtime.CannotStart as exc:
         fail(str(exc), code=1)
 
@@ -85,14 +88,36 @@ def parse_id(value: str) -> uuid.UUID:
 
 
 @app.command()
-def migrate() -> None:
+def migrate(
+    accept_new_key: Annotated[
+        bool,
+        typer.Option(
+            help="Make the current secret key the one serve, api and worker must have "
+            "(after changing it on purpose; unconfirmed verification codes and console "
+            "sessions end)."
+        ),
+    ] = False,
+) -> None:
     """Create or upgrade the database schema (`serve` does this itself; every other command
     needs it done). Safe to run from several places at once: a database lock serializes it."""
+    from mailbag import runtime
     from mailbag.store import migrate as migrations
 
     settings = load_settings()
     prepare(settings, upgrade=True)
     typer.echo(f"schema at revision {migrations.HEAD}")
+    if accept_new_key:
+        try:
+            runtime.require_key(settings)
+            runtime.accept_new_key(settings)
+        except runtime.CannotStart as exc:
+            fail(str(exc), code=1)
+        typer.echo(
+            "mailbag: warning: the database now expects the current secret key; verification "
+            "codes not yet confirmed and console sessions made with the old key no longer "
+            "work. Give every API and worker replica this key.",
+            err=True,
+        )
 
 
 @app.command()

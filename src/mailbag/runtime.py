@@ -9,6 +9,7 @@ parts need (the worker, providers, logging, uvicorn) is imported where they are 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import signal
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
@@ -47,6 +48,73 @@ def require_key(settings: Settings) -> None:
         settings.key  # noqa: B018 (a cached property: loading it is the point)
     except keys.MissingSecretKey as exc:
         raise CannotStart(str(exc)) from exc
+
+
+class KeyMismatch(CannotStart):
+    pass
+
+
+KEY_MISMATCH = (
+    "the secret key (MAILBAG_SECRET_KEY, or the key file beside an SQLite database) differs "
+    "from the key this database was first used with: every API and worker replica needs the "
+    "same key, or emailed verification codes never confirm. Start this process with the same "
+    "key as the others; if you changed the key on purpose, run `mailbag migrate "
+    "--accept-new-key` once (unconfirmed verification codes and console sessions then end)"
+)
+
+
+def key_check(key: bytes) -> str:
+    """A value that tells keys apart and says nothing about them (an HMAC under a subkey)."""
+    return hmac.new(keys.derive(key, "key-check"), b"mailbag key check v1", "sha256").hexdigest()
+
+
+def check_key(settings: Settings) -> None:
+    """Record the key's check value if the database has none (the first start), then refuse
+    to start with any other key: replicas with different keys would each accept only their
+    own verification codes and sessions. Call after ensure_schema."""
+    from mailbag.clock import utcnow
+    from mailbag.store import deployment
+    from mailbag.store.plan import run
+
+    expected = key_check(settings.key)
+    engine = make_engine(settings.database_url, null_pool=True)
+    dialect = dialect_of(settings.database_url)
+    try:
+        with engine.begin() as conn:  # replicas starting together: the first value stays
+            run(conn, deployment.record_key_check(dialect, expected, utcnow()))
+        with engine.connect() as conn:
+            stored = run(conn, deployment.stored_key_check())
+    except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+        raise CannotStart(f"cannot use the database {_shown(settings)}: {exc.orig or exc}") from exc
+    finally:
+        engine.dispose()
+    if stored is None or not hmac.compare_digest(stored, expected):
+        raise KeyMismatch(KEY_MISMATCH)
+
+
+def accept_new_key(settings: Settings) -> None:
+    """Make the current key the one this database expects (`migrate --accept-new-key`)."""
+    from mailbag.clock import utcnow
+    from mailbag.store import deployment
+    from mailbag.store.plan import run
+
+    engine = make_engine(settings.database_url, null_pool=True)
+    try:
+        with engine.begin() as conn:
+            run(
+                conn,
+                deployment.replace_key_check(
+                    dialect_of(settings.database_url), key_check(settings.key), utcnow()
+                ),
+            )
+    except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+        raise CannotStart(f"cannot use the database {_shown(settings)}: {exc.orig or exc}") from exc
+    finally:
+        engine.dispose()
+
+
+def _shown(settings: Settings) -> str:
+    return make_url(settings.database_url).render_as_string(hide_password=True)
 
 
 def ensure_schema(settings: Settings, *, upgrade: bool) -> None:

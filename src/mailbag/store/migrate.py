@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest migration's revision: bump it with every new file in migrations/versions
 # (tests/test_migrations.py fails until it matches Alembic's head).
-HEAD = "0004_console_sessions"
+HEAD = "0005_key_check"
 VERSION_TABLE = "alembic_version"
 
 

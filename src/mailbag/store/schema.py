@@ -334,6 +334,22 @@ def _console_sessions(md: MetaData) -> Table:
     )
 
 
+def _deployment(md: MetaData) -> Table:
+    """One row about the deployment: a check value of the secret key, recorded by the first
+    process to start, so a replica started with another key refuses to (an HMAC under a
+    subkey: it says nothing about the key)."""
+    return Table(
+        "deployment",
+        md,
+        Column("id", Integer, primary_key=True, autoincrement=False),  # always 1
+        Column("key_check", String(64), nullable=False),  # hex HMAC-SHA256
+        Column("created_at", UTCDateTime, nullable=False),  # when key_check was recorded
+        CheckConstraint("id = 1", name="one_row"),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+    )
+
+
 def _is_mysql(dialect: str | None) -> bool:
     return dialect in ("mysql", "mariadb")
 
@@ -350,6 +366,7 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     _provider_events(md)
     _suppressions(md)
     _console_sessions(md)
+    _deployment(md)
     return md
 
 
@@ -364,6 +381,7 @@ verification_sends = metadata.tables["verification_sends"]
 provider_events = metadata.tables["provider_events"]
 suppressions = metadata.tables["suppressions"]
 console_sessions = metadata.tables["console_sessions"]
+deployment = metadata.tables["deployment"]
 _mysql_metadata = build_metadata("mysql")
 
 
