@@ -4,7 +4,10 @@ until `mailbag migrate --accept-new-key` makes the new key the expected one."""
 
 from __future__ import annotations
 
+from typing import Any, NoReturn
+
 import pytest
+import uvicorn
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -63,8 +66,16 @@ def test_serve_api_and_worker_refuse_another_key_until_migrate_accepts_it(db, cl
     runtime.check_key(settings_for(db))  # the deployment's first start
     recorded = stored_rows(db)
     cli_env.setenv("MAILBAG_SECRET_KEY", OTHER_KEY)
+
+    def started(*args: Any, **kwargs: Any) -> NoReturn:  # fail, rather than serve forever
+        raise AssertionError("started with another key")
+
+    cli_env.setattr(runtime, "run_serve", started)
+    cli_env.setattr(runtime, "run_worker", started)
+    cli_env.setattr(uvicorn, "run", started)
     for command in (["serve"], ["api"], ["worker"]):
         result = runner.invoke(app, command)
+        assert isinstance(result.exception, SystemExit), (command, result.exception)
         assert result.exit_code == 1, (command, result.output)
         assert "differs from the key this database was first used with" in result.stderr
         assert "--accept-new-key" in result.stderr
