@@ -27,18 +27,21 @@ if TYPE_CHECKING:
     from pydantic import SecretStr
 
 # The body of the API's 401 for /metrics (mailbag.api.problems, without importing FastAPI).
+# The API's /metrics gives the same 401 (api/app.py reads these two).
+UNAUTHORIZED_DETAIL = "send `Authorization: Bearer <METRICS_TOKEN>`"
+CHALLENGE = 'Bearer realm="mailbag metrics"'
 UNAUTHORIZED = json.dumps(
     {
         "type": "https://mailbag.dev/problems/unauthorized",
         "title": "Unauthorized",
         "status": 401,
-        "detail": "send `Authorization: Bearer <METRICS_TOKEN>`",
+        "detail": UNAUTHORIZED_DETAIL,
     }
 ).encode()
 UNAUTHORIZED_HEADERS = [
     ("Content-Type", "application/problem+json"),
     ("Content-Length", str(len(UNAUTHORIZED))),
-    ("WWW-Authenticate", 'Bearer realm="mailbag metrics"'),
+    ("WWW-Authenticate", CHALLENGE),
 ]
 
 

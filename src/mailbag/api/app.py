@@ -19,7 +19,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mailbag import console, log, metrics, templates
+from mailbag import console, log, metrics, metrics_server, templates
 from mailbag.api import admin, messages, verifications, webhooks
 from mailbag.api.deadline import RETRY_AFTER_SECONDS, DatabaseDeadline, database_unavailable
 from mailbag.api.deps import Services
@@ -107,8 +107,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
                 401,
                 "unauthorized",
                 "Unauthorized",
-                "send `Authorization: Bearer <METRICS_TOKEN>`",
-                headers={"WWW-Authenticate": 'Bearer realm="mailbag metrics"'},
+                metrics_server.UNAUTHORIZED_DETAIL,
+                headers={"WWW-Authenticate": metrics_server.CHALLENGE},
             )
         try:
             # Within half the request's deadline: during an outage, when metrics matter
