@@ -1,8 +1,7 @@
-"""Tenants: create one (its API key is shown once), and authenticate a key."""
+"""Tenants: create one (its API key is shown once), list them, and authenticate a key."""
 
 from __future__ import annotations
 
-import hmac
 import secrets
 
 from sqlalchemy import Connection
@@ -17,6 +16,10 @@ from mailbag.store.tenants import Tenant
 KEY_PREFIX = "mb_"
 
 
+class NameTaken(Exception):
+    """A tenant of that name exists already; nothing was created."""
+
+
 def new_api_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
@@ -24,6 +27,8 @@ def new_api_key() -> str:
 def create_tenant(conn: Connection, name: str) -> tuple[Tenant, str]:
     """A new tenant and its API key. Only the key's digest is stored: this is the one time
     anyone sees the key."""
+    if run(conn, store.by_name(name)) is not None:
+        raise NameTaken(f"a tenant named {name!r} exists already")
     key = new_api_key()
     tenant = run(
         conn,
@@ -38,13 +43,14 @@ def create_tenant(conn: Connection, name: str) -> tuple[Tenant, str]:
     return tenant, key
 
 
+def all_tenants(conn: Connection) -> list[Tenant]:
+    """Every tenant, oldest first (key prefixes only: the keys themselves are not kept)."""
+    return run(conn, store.all_tenants())
+
+
 async def authenticate(conn: AsyncConnection, key: str) -> Tenant | None:
+    """The tenant whose key this is. Found by the key's digest: a digest of a 256-bit random
+    key, so the lookup's timing tells a guesser nothing useful."""
     if not key.startswith(KEY_PREFIX) or len(key) > 200:
         return None
-    key_digest = digest(key)
-    tenant = await run_async(conn, store.by_key_digest(key_digest))
-    # The lookup is by the digest of a 256-bit random key, so its timing reveals nothing
-    # useful; the compare is constant-time anyway.
-    if tenant is None or not hmac.compare_digest(digest(key), key_digest):
-        return None
-    return tenant
+    return await run_async(conn, store.by_key_digest(digest(key)))
