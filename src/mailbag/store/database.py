@@ -22,25 +22,19 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
 
+from mailbag.database_url import Dialect as Dialect
+from mailbag.database_url import dialect_of as dialect_of
+from mailbag.database_url import parse as _parse
+
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-Dialect = Literal["sqlite", "postgresql", "mysql"]
-
-_DRIVERS: dict[str, tuple[Dialect, str, str]] = {
-    # scheme: (dialect, sync driver, async driver)
-    "sqlite": ("sqlite", "sqlite", "sqlite+aiosqlite"),
-    "postgresql": ("postgresql", "postgresql+psycopg", "postgresql+psycopg_async"),
-    "postgres": ("postgresql", "postgresql+psycopg", "postgresql+psycopg_async"),
-    "mysql": ("mysql", "mysql+pymysql", "mysql+asyncmy"),
-    "mariadb": ("mysql", "mysql+pymysql", "mysql+asyncmy"),
-}
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Execution option for connections that only read: on SQLite they skip the write lock.
 READ_ONLY_OPTION = "mailbag_read_only"
@@ -49,27 +43,6 @@ READ_ONLY = {READ_ONLY_OPTION: True}
 DEFAULT_TIMEOUT = 5.0
 
 T = TypeVar("T")
-
-
-class UnsupportedDatabase(ValueError):
-    pass
-
-
-def _parse(url: str | URL) -> tuple[URL, Dialect, str, str]:
-    parsed = make_url(url) if isinstance(url, str) else url
-    scheme = parsed.drivername.split("+", 1)[0]
-    if scheme not in _DRIVERS:
-        raise UnsupportedDatabase(
-            f"unsupported database URL scheme {scheme!r}: use sqlite:///, postgresql:// or mysql://"
-        )
-    dialect, sync_driver, async_driver = _DRIVERS[scheme]
-    if dialect == "mysql" and "charset" not in parsed.query:
-        parsed = parsed.update_query_dict({"charset": "utf8mb4"})
-    return parsed, dialect, sync_driver, async_driver
-
-
-def dialect_of(url: str | URL) -> Dialect:
-    return _parse(url)[1]
 
 
 def sync_url(url: str | URL) -> URL:

@@ -11,7 +11,8 @@ from sqlalchemy import func, insert, or_, select
 
 from mailbag.domain.events import ProviderEvent
 from mailbag.domain.message import Message
-from mailbag.store import outbox as outbox_store
+from mailbag.store import messages
+from mailbag.store.message_transitions import message_from_row
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import outbox_messages as om
 from mailbag.store.schema import provider_events as pe
@@ -44,7 +45,7 @@ def match(event: ProviderEvent) -> Plan[Message | None]:
     """Our message for an event: by our id carried in a header or tag, else by the
     provider's id recorded when it accepted the message."""
     if event.message_id is not None:
-        found = yield from outbox_store.get(event.message_id)
+        found = yield from messages.get(event.message_id)
         if found is not None:
             return found
     if event.provider_message_id:
@@ -54,7 +55,7 @@ def match(event: ProviderEvent) -> Plan[Message | None]:
             )
         ).first()
         if row is not None:
-            return outbox_store.message_from_row(row)
+            return message_from_row(row)
     return None
 
 

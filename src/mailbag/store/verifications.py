@@ -23,7 +23,7 @@ from mailbag.domain.verification import (
     v_target,
 )
 from mailbag.store.database import Dialect
-from mailbag.store.outbox import Changed
+from mailbag.store.message_transitions import Changed
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import email_verifications as ev
 from mailbag.store.schema import tenants, verification_events, verification_sends

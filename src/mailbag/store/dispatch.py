@@ -1,0 +1,292 @@
+"""The worker's operations: claim under a lease, extend it, finalize, sweep what expired.
+
+Nothing here holds a transaction across provider I/O: the worker claims, commits, sends,
+then finalizes in a new transaction. Finalizes are guarded by the claim token.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    and_,
+    case,
+    func,
+    literal,
+    literal_column,
+    select,
+    update,
+)
+
+from mailbag.domain import states
+from mailbag.domain.message import Message, truncate_error
+from mailbag.domain.states import Action, Status
+from mailbag.store.database import Dialect
+from mailbag.store.message_transitions import (
+    CLAIM_CLEARED,
+    LAST_ERROR,
+    Changed,
+    EventSpec,
+    Settled,
+    apply,
+    om,
+    settled_from_row,
+    transition,
+)
+from mailbag.store.plan import Plan, Step
+from mailbag.store.schema import message_events
+from mailbag.store.types import UTCDateTime
+
+# MariaDB's generated stand-in for the partial claim index (see schema.py).
+_MYSQL_CLAIMABLE_AT = literal_column("claimable_at", UTCDateTime())
+
+LEASE_EXPIRED = "lease expired before the send was finalized; the provider may have accepted it"
+
+
+@dataclass(frozen=True)
+class Claim:
+    token: uuid.UUID
+    messages: list[Message]
+
+
+@dataclass(frozen=True)
+class Finalization:
+    """What a worker learned about one claimed message, as the domain decided it."""
+
+    message_id: uuid.UUID
+    action: Action  # MARK_SENT, RETRY, FAIL, BURY, MARK_UNKNOWN or RELEASE
+    provider_message_id: str | None = None
+    error: str | None = None
+    next_attempt_at: datetime | None = None
+    # A retry that reuses the provider idempotency key of an ambiguous send: the attempt is
+    # not spent, so the next one carries the same number and therefore the same key, and
+    # `ambiguous_since` records when that key was first used.
+    keep_attempt: bool = False
+    ambiguous_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Finalized:
+    changed: list[Changed[Settled]]
+    stale: list[uuid.UUID] = field(default_factory=list)  # the claim was no longer ours
+
+
+FINALIZE_ACTIONS = frozenset(
+    {Action.MARK_SENT, Action.RETRY, Action.FAIL, Action.BURY, Action.MARK_UNKNOWN, Action.RELEASE}
+)
+
+_FINALIZE_EVENTS: dict[Action, EventSpec] = {
+    Action.MARK_SENT: EventSpec(),
+    Action.RELEASE: EventSpec(attempt_offset=1, text="released unsent; no attempt spent"),
+}
+
+
+def claim(
+    dialect: Dialect,
+    *,
+    worker_id: str,
+    now: datetime,
+    lease: timedelta,
+    limit: int,
+) -> Plan[Claim]:
+    """Take up to `limit` due messages, oldest due first, under one fresh claim token."""
+    token = uuid.uuid4()
+    if dialect == "mysql":
+        due, order = now >= _MYSQL_CLAIMABLE_AT, (_MYSQL_CLAIMABLE_AT, om.c.id)
+    else:
+        due, order = om.c.next_attempt_at <= now, (om.c.next_attempt_at, om.c.id)
+    changed = yield from transition(
+        dialect,
+        Action.CLAIM,
+        where=due,
+        values={
+            "status": Status.PROCESSING.value,
+            "claim_token": token,
+            "claimed_by": worker_id,
+            "claimed_at": now,
+            "lease_expires_at": now + lease,
+        },
+        now=now,
+        actor=worker_id,
+        order_by=order,
+        limit=limit,
+        skip_locked=True,
+        event=EventSpec(attempt_offset=1),
+    )
+    claimed = sorted((c.message for c in changed), key=lambda m: (m.next_attempt_at, m.id))
+    return Claim(token, claimed)
+
+
+def extend_lease(
+    dialect: Dialect,
+    *,
+    token: uuid.UUID,
+    ids: Sequence[uuid.UUID],
+    now: datetime,
+    lease: timedelta,
+) -> Plan[int]:
+    """Push the lease of messages still in flight; not a transition, so no event."""
+    if not ids:
+        return 0
+    result = yield Step(
+        update(om)
+        .where(om.c.id.in_(ids), om.c.claim_token == token, om.c.status == Status.PROCESSING.value)
+        .values(lease_expires_at=now + lease, updated_at=now)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def finalize(
+    dialect: Dialect,
+    *,
+    token: uuid.UUID,
+    outcomes: Sequence[Finalization],
+    now: datetime,
+    actor: str,
+    provider: str | None = None,
+) -> Plan[Finalized]:
+    """Record what happened to claimed messages, only where the claim is still ours.
+
+    The changed rows come back as `Settled` summaries: a worker finalizes thousands of
+    messages a second and needs none of their template data.
+
+    Outcomes are grouped so that a batch costs one UPDATE per kind of outcome, however many
+    messages it holds. A row whose token no longer matches (the lease expired and was swept,
+    or another worker holds it now) is left alone and reported as stale.
+    """
+    groups: dict[tuple[Action, bool], list[Finalization]] = defaultdict(list)
+    for outcome in outcomes:
+        if outcome.action not in FINALIZE_ACTIONS:
+            raise ValueError(f"{outcome.action} is not a finalize action")
+        groups[(outcome.action, outcome.keep_attempt)].append(outcome)
+
+    changed: list[Changed[Settled]] = []
+    for (action, keep_attempt), group in groups.items():
+        ids = [o.message_id for o in group]
+        values = _finalize_values(action, keep_attempt, group, now, provider)
+        changed += yield from apply(
+            dialect,
+            action,
+            as_row=settled_from_row,
+            where=and_(om.c.id.in_(ids), om.c.claim_token == token),
+            values=values,
+            now=now,
+            actor=actor,
+            event=_FINALIZE_EVENTS.get(action)
+            or (EventSpec(attempt_offset=1, column="last_error") if keep_attempt else LAST_ERROR),
+        )
+    done = {c.message.id for c in changed}
+    return Finalized(changed, [o.message_id for o in outcomes if o.message_id not in done])
+
+
+def _finalize_values(
+    action: Action,
+    keep_attempt: bool,
+    group: Sequence[Finalization],
+    now: datetime,
+    provider: str | None,
+) -> dict[str, Any]:
+    spends_attempt = action is not Action.RELEASE and not keep_attempt
+    values: dict[str, Any] = {
+        **CLAIM_CLEARED,
+        "attempt_count": om.c.attempt_count + (1 if spends_attempt else 0),
+    }
+    if action is Action.RELEASE:
+        values["status"] = case(
+            (om.c.attempt_count > 0, literal_column(f"'{Status.RETRYING.value}'")),
+            else_=literal_column(f"'{Status.PENDING.value}'"),
+        )
+        return values
+    values["status"] = states.target(action).value
+    values["provider"] = provider
+    errors = {o.message_id: truncate_error(o.error) for o in group}
+    provider_ids = {o.message_id: o.provider_message_id for o in group}
+    if action is Action.MARK_SENT:
+        values.update(
+            sent_at=now,
+            ambiguous_since=None,
+            provider_message_id=_per_row(
+                provider_ids, om.c.provider_message_id.type, om.c.provider_message_id
+            ),
+        )
+        return values
+    values["last_error"] = _per_row(errors, om.c.last_error.type, None)
+    if action is Action.MARK_UNKNOWN:
+        values["provider_message_id"] = _per_row(
+            provider_ids, om.c.provider_message_id.type, om.c.provider_message_id
+        )
+    if action is Action.RETRY:
+        next_at = {o.message_id: o.next_attempt_at or now for o in group}
+        values["next_attempt_at"] = _per_row(next_at, UTCDateTime(), None)
+        since = {o.message_id: o.ambiguous_since for o in group}
+        values["ambiguous_since"] = _per_row(since, UTCDateTime()) if keep_attempt else None
+    elif action is not Action.MARK_UNKNOWN:
+        values["ambiguous_since"] = None
+    return values
+
+
+def _per_row(values: Mapping[uuid.UUID, Any], type_: Any, keep: Any = None) -> Any:
+    """`CASE id WHEN ... THEN ... END`: per-row values in one set-based UPDATE.
+
+    Rows whose value is None keep `keep` (the column's current value) when it is given.
+    """
+    if keep is not None:
+        values = {key: value for key, value in values.items() if value is not None}
+        if not values:
+            return keep
+    distinct = {repr(value) for value in values.values()}
+    if len(distinct) == 1 and keep is None:
+        return literal(next(iter(values.values())), type_)
+    whens = {key: literal(value, type_) for key, value in values.items()}
+    return case(whens, value=om.c.id, else_=keep if keep is not None else literal(None, type_))
+
+
+def sweep_expired(
+    dialect: Dialect, *, now: datetime, actor: str, limit: int = 1000
+) -> Plan[list[Changed[Message]]]:
+    """Expired leases become `unknown`, never a blind resend. Safe to run from every replica:
+    rows another sweeper holds are skipped, and a swept row no longer matches."""
+    return (
+        yield from transition(
+            dialect,
+            Action.EXPIRE,
+            where=om.c.lease_expires_at < now,
+            values={
+                "status": Status.UNKNOWN.value,
+                "attempt_count": om.c.attempt_count + 1,
+                "claim_token": None,
+                "lease_expires_at": None,
+                "last_error": LEASE_EXPIRED,
+            },
+            now=now,
+            actor=actor,
+            order_by=(om.c.lease_expires_at, om.c.id),
+            limit=limit,
+            skip_locked=True,
+            event=EventSpec(column="claimed_by", prefix="lease of ", suffix=" expired"),
+        )
+    )
+
+
+def expired_before(message_ids: Sequence[uuid.UUID]) -> Plan[set[uuid.UUID]]:
+    """Which of these messages had a lease expire more than once (the alert's signal)."""
+    if not message_ids:
+        return set()
+    query = (
+        select(message_events.c.message_id)
+        .where(
+            message_events.c.message_id.in_(message_ids),
+            message_events.c.from_status == Status.PROCESSING.value,
+            message_events.c.to_status == Status.UNKNOWN.value,
+            message_events.c.actor != "reconciler",
+            message_events.c.detail.like("lease of %"),
+        )
+        .group_by(message_events.c.message_id)
+        .having(func.count() > 1)
+    )
+    return set((yield Step(query)).scalars().all())

@@ -1,0 +1,156 @@
+"""What operators (console, admin API, CLI) and evidence do to messages: requeue, cancel,
+resolve, flag, purge. Each is a guarded transition with its event, like the worker's."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    delete,
+    exists,
+    select,
+)
+
+from mailbag.domain import states
+from mailbag.domain.message import Message, truncate_error
+from mailbag.domain.states import Action, Status
+from mailbag.store.database import Dialect
+from mailbag.store.message_transitions import (
+    CLAIM_CLEARED,
+    Changed,
+    EventSpec,
+    in_states,
+    om,
+    transition,
+)
+from mailbag.store.plan import Plan, Step
+from mailbag.store.schema import message_events
+
+
+def requeue(
+    dialect: Dialect,
+    *,
+    where: ColumnElement[bool],
+    now: datetime,
+    actor: str,
+    extra_attempts: int,
+    limit: int | None = None,
+) -> Plan[list[Changed[Message]]]:
+    """Send `unknown` or `dead` messages again, with a fresh attempt budget.
+
+    Attempt numbers keep counting (they name provider idempotency keys, which must not be
+    reused for a deliberate resend), so the budget grows instead: max = done + extra.
+    """
+    return (
+        yield from transition(
+            dialect,
+            Action.REQUEUE,
+            where=where,
+            values={
+                "status": Status.PENDING.value,
+                "next_attempt_at": now,
+                "max_attempts": om.c.attempt_count + extra_attempts,
+                "ambiguous_since": None,
+                **CLAIM_CLEARED,
+            },
+            now=now,
+            actor=actor,
+            order_by=(om.c.id,),
+            limit=limit,
+            event=EventSpec(text="requeued by an operator"),
+        )
+    )
+
+
+def cancel(
+    dialect: Dialect, *, where: ColumnElement[bool], now: datetime, actor: str
+) -> Plan[list[Changed[Message]]]:
+    """Withdraw pending messages (never one a worker holds or already tried)."""
+    return (
+        yield from transition(
+            dialect,
+            Action.CANCEL,
+            where=where,
+            values={"status": Status.CANCELLED.value},
+            now=now,
+            actor=actor,
+            event=EventSpec(text="cancelled"),
+        )
+    )
+
+
+def resolve(
+    dialect: Dialect,
+    *,
+    message_id: uuid.UUID,
+    sent: bool,
+    now: datetime,
+    actor: str,
+    evidence: str,
+    provider_message_id: str | None = None,
+) -> Plan[list[Changed[Message]]]:
+    """Settle an `unknown` message from evidence: it was accepted (sent) or it was not (failed)."""
+    values: dict[str, Any] = {"ambiguous_since": None}
+    if sent:
+        values.update(status=Status.SENT.value, sent_at=now)
+        if provider_message_id:
+            values["provider_message_id"] = provider_message_id
+    else:
+        values.update(status=Status.FAILED.value, last_error=truncate_error(evidence))
+    return (
+        yield from transition(
+            dialect,
+            Action.RESOLVE_SENT if sent else Action.RESOLVE_FAILED,
+            where=om.c.id == message_id,
+            values=values,
+            now=now,
+            actor=actor,
+            event=EventSpec(text=evidence),
+        )
+    )
+
+
+def flag(
+    dialect: Dialect, *, message_id: uuid.UUID, now: datetime, actor: str, detail: str
+) -> Plan[list[Changed[Message]]]:
+    """Mark an unknown message as waiting for an operator, once per stay in `unknown`.
+
+    Not a change of state (unknown stays unknown) but an event the console and alerts can
+    see; a message flagged since it last changed is not flagged again."""
+    flagged_since_last_change = exists().where(
+        message_events.c.message_id == om.c.id,
+        message_events.c.from_status == Status.UNKNOWN.value,
+        message_events.c.to_status == Status.UNKNOWN.value,
+        message_events.c.at >= om.c.updated_at,
+    )
+    return (
+        yield from transition(
+            dialect,
+            Action.FLAG,
+            where=and_(om.c.id == message_id, ~flagged_since_last_change),
+            values={},
+            now=now,
+            actor=actor,
+            event=EventSpec(text=detail),
+        )
+    )
+
+
+def purge(dialect: Dialect, *, older_than: datetime, limit: int = 1000) -> Plan[int]:
+    """Delete up to `limit` terminal messages (and their events) last changed before a cutoff.
+
+    Callers repeat it until it returns less than `limit`, one short transaction per chunk, so
+    a large purge never holds locks for long. `unknown` messages are never purged.
+    """
+    old = and_(in_states(states.TERMINAL), om.c.updated_at < older_than)
+    oldest = select(om.c.id).where(old).order_by(om.c.updated_at).limit(limit)
+    ids = (yield Step(oldest)).scalars().all()
+    if not ids:
+        return 0
+    yield Step(delete(message_events).where(message_events.c.message_id.in_(ids)))
+    result = yield Step(delete(om).where(om.c.id.in_(ids), old))
+    return int(result.rowcount)  # type: ignore[attr-defined]
