@@ -19,8 +19,8 @@ from sqlalchemy import select
 from api_helpers import TEST_SECRET_KEY, new_tenant, settings_for
 from mailbag import keys
 from mailbag.api import create_app
-from mailbag.api.throttle import MAX_CLIENTS, FailureThrottle
 from mailbag.console import auth
+from mailbag.services.throttle import MAX_CLIENTS, FailureThrottle
 from mailbag.settings import Settings
 from mailbag.store.schema import console_sessions
 from test_console import PASSWORD, csrf_in, login, token

@@ -14,21 +14,16 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import Field
 
 from mailbag import log
-from mailbag.api.deps import (
-    NowDep,
-    ServicesDep,
-    bearer,
-    client_address,
-    secret_matches,
-    too_many_attempts,
-)
+from mailbag.api.deps import NowDep, ServicesDep, bearer, too_many_attempts
 from mailbag.api.problems import COMMON, ProblemError, documented
 from mailbag.api.schemas import Strict  # no unknown fields, nothing a database refuses
 from mailbag.domain.message import InvalidMessage
 from mailbag.domain.states import Status
+from mailbag.keys import secret_matches
 from mailbag.services.messages import decode_cursor, encode_cursor, public
 from mailbag.services.operations import Filter, NotAllowed
 from mailbag.services.reconciliation import Reconciler
+from mailbag.web import client_address
 
 ACTOR = "operator:api"
 

@@ -22,7 +22,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mailbag import console, log, metrics, metrics_server, templates
 from mailbag.api import admin, messages, verifications, webhooks
 from mailbag.api.deadline import RETRY_AFTER_SECONDS, DatabaseDeadline, database_unavailable
-from mailbag.api.deps import Services
 from mailbag.api.problems import ProblemError, problem_response
 from mailbag.clock import Clock, utcnow
 from mailbag.domain import storable
@@ -31,6 +30,7 @@ from mailbag.keys import bearer_matches
 from mailbag.services import idempotency
 from mailbag.services import messages as message_service
 from mailbag.services import verification as verification_service
+from mailbag.services.container import Services
 from mailbag.services.operations import NotAllowed, Operations
 from mailbag.settings import Settings
 from mailbag.store import migrate

@@ -2,96 +2,27 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated
 
 import structlog
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from mailbag import web
 from mailbag.api.problems import ProblemError
-from mailbag.api.throttle import FailureThrottle
-from mailbag.clock import Clock
-from mailbag.keys import secret_matches as secret_matches  # one door, shared with the worker
 from mailbag.services import tenants
+from mailbag.services.container import Services
 from mailbag.services.idempotency import InvalidIdempotencyKey, check_key, key_hash
-from mailbag.services.messages import Messages
-from mailbag.services.operations import Operations
-from mailbag.services.verification import Verifications
-from mailbag.settings import Settings
 from mailbag.store.tenants import Tenant
-from mailbag.templates import Catalog
-
-
-class KeyCache:
-    """Tenants of recently seen API keys, for a short while: a busy client's requests need
-    not each look its key up. Keys are never revoked in place (a tenant gets a new one),
-    so the cost of the cache is at most TTL seconds of a deleted tenant's key working."""
-
-    TTL = 30.0
-    SIZE = 10_000
-
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[float, Tenant]] = {}
-
-    def get(self, key: str) -> Tenant | None:
-        entry = self._entries.get(key)
-        if entry is None or entry[0] < time.monotonic():
-            return None
-        return entry[1]
-
-    def put(self, key: str, tenant: Tenant) -> None:
-        if len(self._entries) >= self.SIZE:
-            self._entries.clear()
-        self._entries[key] = (time.monotonic() + self.TTL, tenant)
-
-
-@dataclass
-class Services:
-    settings: Settings
-    engine: AsyncEngine
-    clock: Clock
-    messages: Messages
-    verifications: Verifications
-    operations: Operations
-    catalog: Catalog
-    known_keys: KeyCache = field(default_factory=lambda: KeyCache())
-    # Wrong console passwords and wrong admin tokens, each limited on its own.
-    login_failures: FailureThrottle = field(init=False)
-    admin_token_failures: FailureThrottle = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.login_failures = self._failure_throttle()
-        self.admin_token_failures = self._failure_throttle()
-
-    def _failure_throttle(self) -> FailureThrottle:
-        return FailureThrottle(
-            per_client=self.settings.auth_failures_per_client,
-            overall=self.settings.auth_failures_overall,
-        )
-
-    @property
-    def catalog_names(self) -> frozenset[str]:
-        return self.catalog.names()
 
 
 async def services(request: Request) -> Services:
-    found: Services = request.app.state.services
-    return found
+    return web.services(request)  # async: FastAPI would run a plain function in a thread
 
 
 async def now(svc: Annotated[Services, Depends(services)]) -> datetime:
     return svc.clock()
-
-
-def client_address(request: Request) -> str:
-    """Who is asking, for throttling: the peer address. Behind a reverse proxy, tell
-    uvicorn to trust it (FORWARDED_ALLOW_IPS=<proxy address>) so this is the client's
-    address from X-Forwarded-For, not the proxy's (which would share one limit)."""
-    return request.client.host if request.client else "unknown"
 
 
 def too_many_attempts(retry_after: int) -> ProblemError:

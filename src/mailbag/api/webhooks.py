@@ -32,9 +32,10 @@ from fastapi import APIRouter, Request
 from pydantic import SecretStr
 
 from mailbag import log
-from mailbag.api.deps import NowDep, Services, ServicesDep, secret_matches
+from mailbag.api.deps import NowDep, ServicesDep
 from mailbag.api.problems import ProblemError, documented
 from mailbag.domain.events import InvalidPayload, ProviderEvent
+from mailbag.keys import secret_matches
 from mailbag.providers.brevo_events import parse_brevo_events
 from mailbag.providers.ses_events import (
     InvalidSignature,
@@ -46,6 +47,7 @@ from mailbag.providers.ses_events import (
     parse_sns_envelope,
     verify_sns_signature,
 )
+from mailbag.services.container import Services
 from mailbag.services.reconciliation import ingest
 
 SECRET_HEADER = "x-mailbag-webhook-secret"  # noqa: S105 (a header name)

@@ -24,9 +24,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mailbag import keys
-from mailbag.api.deps import Services
 from mailbag.store import console_sessions
 from mailbag.store.plan import run_async
+from mailbag.web import services
 
 PATH = "/admin"
 SESSION_COOKIE = "mailbag_console"
@@ -48,11 +48,6 @@ class Session:
 
 def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
-
-
-def services(request: Request) -> Services:
-    found: Services = request.app.state.services
-    return found
 
 
 class Gate:

@@ -10,8 +10,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from mailbag.api.deps import Services
+from mailbag import web
 from mailbag.console import auth, render
+from mailbag.services.container import Services
 
 ACTOR = "operator:console"  # the actor of every audit event an action writes
 
@@ -33,8 +34,7 @@ class Console:
 
     @property
     def services(self) -> Services:
-        found: Services = self.request.app.state.services
-        return found
+        return web.services(self.request)
 
     def now(self) -> datetime:
         return self.services.clock()

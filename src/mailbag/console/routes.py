@@ -11,12 +11,12 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from mailbag.api.deps import client_address
 from mailbag.console import actions, auth, render, views
 from mailbag.console.context import Console, ConsoleError, Handler
 from mailbag.console.forms import BadForm, read_form
 from mailbag.services.operations import NotAllowed
 from mailbag.settings import Settings
+from mailbag.web import client_address, services
 
 log = structlog.get_logger("mailbag.console")
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -138,7 +138,7 @@ async def _login(gate: auth.Gate, request: Request) -> Response:
         gate.write(request, response, fresh)
         return response
     client = client_address(request)
-    failures = auth.services(request).login_failures
+    failures = services(request).login_failures
     wait = failures.retry_after(client)
     if wait is not None:  # the password is not even checked: no guess gets an answer
         log.warning("console_login_throttled", client=client)
