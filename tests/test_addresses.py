@@ -252,7 +252,7 @@ async def test_brevo_and_ses_reject_a_utf8_local_part_without_sending() -> None:
         await provider.aclose()
     assert isinstance(outcome, Rejected) and "non-ASCII local part" in outcome.error
     assert brevo.requests == []
-    ses = SESProvider(Settings(provider="ses", ses_endpoint_url="http://127.0.0.1:9"))
+    ses = SESProvider.from_settings(Settings(provider="ses", ses_endpoint_url="http://127.0.0.1:9"))
     outcome = await ses.send(sent)
     await ses.aclose()
     assert isinstance(outcome, Rejected) and "non-ASCII local part" in outcome.error

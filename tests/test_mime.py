@@ -211,7 +211,7 @@ def test_ses_raw_mime_and_the_file_providers_eml_round_trip_exactly(
 ) -> None:
     check(sent.raw, sent)
     # SES: the request's raw message is those bytes.
-    request = SESProvider(Settings(provider="ses", concurrency=1))._request(sent)
+    request = SESProvider.from_settings(Settings(provider="ses", concurrency=1))._request(sent)
     assert request["Content"]["Raw"]["Data"] == sent.raw
     # file: the .eml on disk, in local line endings.
     provider = FileProvider(tmp_path_factory.mktemp("mail"))
@@ -235,7 +235,7 @@ def test_smtp_delivers_mime_that_round_trips(
     )
 
     async def send() -> Any:
-        provider = SMTPProvider(settings_)
+        provider = SMTPProvider.from_settings(settings_)
         try:
             return await provider.send(sent)
         finally:

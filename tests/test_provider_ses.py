@@ -93,15 +93,14 @@ async def make_provider() -> AsyncIterator[ProviderFactory]:
         concurrency: int = 4,
         configuration_set: str | None = None,
     ) -> SESProvider:
-        settings = Settings.model_validate(
-            {
-                "ses_region": region,
-                "ses_endpoint_url": endpoint_url,
-                "ses_configuration_set": configuration_set,
-                "concurrency": concurrency,
-            }
+        provider = SESProvider(
+            region=region,
+            endpoint_url=endpoint_url,
+            configuration_set=configuration_set,
+            max_connections=concurrency,
+            connect_timeout=2.0,
+            read_timeout=read_timeout,
         )
-        provider = SESProvider(settings, connect_timeout=2.0, read_timeout=read_timeout)
         providers.append(provider)
         return provider
 

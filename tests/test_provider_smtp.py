@@ -25,7 +25,6 @@ from mailbag.providers.smtp import (
     Failure,
     Phase,
     SMTPProvider,
-    Verdict,
     provider_message_id,
 )
 from mailbag.settings import Settings
@@ -83,7 +82,7 @@ async def make_provider() -> AsyncIterator[ProviderFactory]:
 
     def make(server: RecordingSMTPServer | None = None, **overrides: Any) -> SMTPProvider:
         settings = smtp_settings(server, **overrides) if server else Settings(**overrides)
-        provider = SMTPProvider(settings)
+        provider = SMTPProvider.from_settings(settings)
         made.append(provider)
         return provider
 
@@ -606,7 +605,7 @@ def test_only_a_missing_final_reply_is_ambiguous() -> None:
         for failure in Failure:
             verdict = getattr(row, failure.name.lower())
             ambiguous = phase is Phase.CONTENT and failure not in replies
-            assert (verdict is Verdict.AMBIGUOUS) == ambiguous, (phase, failure)
+            assert (verdict is Ambiguous) == ambiguous, (phase, failure)
     assert set(OUTCOME_TABLE) == set(Phase)
 
 

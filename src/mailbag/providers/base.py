@@ -3,15 +3,23 @@
 A provider turns an `OutgoingEmail` into a `SendOutcome` (domain.delivery). It never
 raises for a delivery problem: it classifies it, in one table per provider, as Accepted,
 Rejected (permanent), Deferred (known not accepted), Ambiguous (may have been accepted) or
-Disabled. Adding a provider: write a class with these members and register a factory,
+Disabled. Adding a provider: write a class with these members, whose constructor takes
+what it needs as keyword arguments, and register its `from_settings` (or any function from
+Settings to the provider, annotated with the class it returns),
 
     from mailbag.providers import register
 
-    @register("postmark")
-    def create(settings: Settings) -> Provider: ...
+    class PostmarkProvider(SendOneByOne):
+        def __init__(self, *, server_token: str, timeout: float) -> None: ...
+
+        @classmethod
+        def from_settings(cls, settings: Settings) -> PostmarkProvider: ...
+
+    register("postmark")(PostmarkProvider.from_settings)
 
 or expose the factory as an entry point in the `mailbag.providers` group of your package.
-Then set MAILBAG_PROVIDER=postmark.
+Then set MAILBAG_PROVIDER=postmark. What providers share (error texts, Retry-After, outcome
+tables, refusing an unsupported feature) is in providers.kit.
 """
 
 from __future__ import annotations
@@ -75,8 +83,7 @@ def address_rules(settings: Settings) -> AddressRules:
     """What enqueue accepts as an address with these settings: test domains as
     ALLOW_TEST_DOMAINS says (unset: only with a local provider), a non-ASCII local part
     only if the configured provider declares it can carry one. The provider is not
-    created: its class is read from its factory's return annotation (or the factory
-    itself carries the attribute)."""
+    created: its class is read from its factory (see `_built_by`)."""
     from mailbag import providers  # the registry imports this module
 
     allow = settings.allow_test_domains
@@ -87,15 +94,24 @@ def address_rules(settings: Settings) -> AddressRules:
     except providers.UnknownProvider:
         declared: object = None
     else:
-        try:
-            declared = get_type_hints(factory).get("return", factory)
-        except Exception:  # an annotation that does not resolve: ask the factory itself
-            declared = factory
+        declared = _built_by(factory)
     return AddressRules(
         allow_test_domains=allow,
         utf8_local_part=supports_utf8_local_part(declared),
         provider=settings.provider,
     )
+
+
+def _built_by(factory: object) -> object:
+    """The class a factory builds, found without calling it: the class its `from_settings`
+    is bound to, else its return annotation, else the factory itself."""
+    bound_to = getattr(factory, "__self__", None)
+    if isinstance(bound_to, type):
+        return bound_to
+    try:
+        return get_type_hints(factory).get("return", factory)
+    except Exception:  # an annotation that does not resolve: ask the factory itself
+        return factory
 
 
 class SendOneByOne:

@@ -17,22 +17,31 @@ A batch call carries no per-email key, so its ambiguous outcomes are never resen
 from __future__ import annotations
 
 import asyncio
-import enum
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from email.utils import parsedate_to_datetime
-from typing import Any, Final, TypeVar
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import httpx
 
-from mailbag.compose import MESSAGE_ID_HEADER, NeedsSMTPUTF8, OutgoingEmail, message_id_from_rfc
+from mailbag.compose import MESSAGE_ID_HEADER, OutgoingEmail, message_id_from_rfc
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
 from mailbag.domain.message import Message, ascii_address
 from mailbag.providers import register
 from mailbag.providers.base import Sighting
-from mailbag.settings import Settings
+from mailbag.providers.kit import (
+    OutcomeTable,
+    ascii_envelope_address,
+    describe,
+    failure,
+    first_match,
+    retry_after,
+    scrub,
+)
+
+if TYPE_CHECKING:
+    from mailbag.settings import Settings
 
 SEND_PATH: Final = "/v3/smtp/email"
 LIST_PATH: Final = "/v3/smtp/emails"
@@ -42,67 +51,49 @@ IDEMPOTENCY_WINDOW: Final = timedelta(minutes=30)
 # Brevo requires idempotencyKey to be a UUID; ours is not one, so we send its UUIDv5 under
 # this fixed namespace. Never change it: in-flight retries would stop matching.
 IDEMPOTENCY_NAMESPACE: Final = uuid.UUID("6f1d3c2a-9a57-4b8e-a0f4-5b1e2d7c9e31")
-RATE_LIMIT_RESET_HEADER: Final = "x-sib-ratelimit-reset"
+# Where a Deferred's retry_after comes from, first found first: Brevo's own rate limit
+# reset (seconds), else the standard header.
+RETRY_AFTER_HEADERS: Final = ("x-sib-ratelimit-reset", "retry-after")
 # Brevo's error code for a request whose idempotencyKey it has already seen.
 DUPLICATE_KEY_CODES: Final = frozenset({"duplicate_parameter", "duplicate_request"})
-ERROR_TEXT_MAX: Final = 500
 LOOKUP_PAGE_SIZE: Final = 1000
 LOOKUP_MAX_PAGES: Final = 50
 
 T = TypeVar("T")
 
 
-class Verdict(enum.Enum):
-    ACCEPTED = "accepted"  # Brevo took it; needs a message id in the body, else AMBIGUOUS
-    REJECTED = "rejected"  # permanent: the same request will be refused again
-    DEFERRED = "deferred"  # Brevo (or the network) did not take it: safe to retry
-    AMBIGUOUS = "ambiguous"  # it may have been taken
-
-
-RESPONSE_TABLE: Final[tuple[tuple[range, Verdict, str], ...]] = (
-    # (statuses, verdict, why) -- the first row whose range holds the status wins.
-    (range(200, 203), Verdict.ACCEPTED, "200/201/202 with a messageId (none: AMBIGUOUS)"),
-    (range(203, 300), Verdict.AMBIGUOUS, "another 2xx: success of some kind, but no id"),
-    (range(300, 400), Verdict.DEFERRED, "a redirect: not processed (check BREVO_BASE_URL)"),
-    (range(408, 409), Verdict.DEFERRED, "request timeout: Brevo gave up before processing"),
-    (range(425, 426), Verdict.DEFERRED, "too early: not processed"),
-    (range(429, 430), Verdict.DEFERRED, "rate limited; retry after x-sib-ratelimit-reset"),
-    (range(400, 500), Verdict.REJECTED, "400/401/403/422 and the other 4xx: permanent"),
-    (range(500, 600), Verdict.DEFERRED, "Brevo answered with an error: it did not take it"),
+RESPONSE_TABLE: Final[OutcomeTable] = (
+    # The first row whose status matches wins; a status in no row is Ambiguous.
+    (range(200, 203), Accepted),  # with a messageId (or messageIds); without: Ambiguous
+    (range(203, 300), Ambiguous),  # another 2xx: success of some kind, but no id
+    (range(300, 400), Deferred),  # a redirect: not processed (check BREVO_BASE_URL)
+    (408, Deferred),  # request timeout: Brevo gave up before processing
+    (425, Deferred),  # too early: not processed
+    (429, Deferred),  # rate limited: retry after x-sib-ratelimit-reset
+    # 400/401/403/422 and the other 4xx: the same request will be refused again. Except a
+    # keyed send's duplicate_parameter: Ambiguous, keyed=False (see the module doc).
+    (range(400, 500), Rejected),
+    (range(500, 600), Deferred),  # Brevo answered with an error: it did not take it
 )
-"""How an HTTP answer from `POST /v3/smtp/email` becomes an outcome.
+"""How an HTTP answer from `POST /v3/smtp/email` becomes an outcome. A Deferred carries
+`RETRY_AFTER_HEADERS` as its retry_after; error texts carry the status and Brevo's `code`
+and `message`, never the API key."""
 
-| status                        | outcome                                                  |
-|-------------------------------|----------------------------------------------------------|
-| 200, 201, 202 + messageId(s)  | Accepted (a 2xx without a parsable id: Ambiguous)         |
-| other 2xx                     | Ambiguous                                                |
-| 3xx                           | Deferred                                                 |
-| 408, 425                      | Deferred                                                 |
-| 429                           | Deferred, retry_after from x-sib-ratelimit-reset (seconds)|
-|                               | or else Retry-After                                      |
-| 400 duplicate_parameter       | Ambiguous, keyed=False (a keyed repeat: see module doc)  |
-| 400, 401, 403, 422, other 4xx | Rejected                                                 |
-| 5xx                           | Deferred (Retry-After honoured when given)               |
-| anything else                 | Ambiguous                                                |
-
-Error texts carry the status and Brevo's `code` and `message`; never the API key.
-"""
-
-TRANSPORT_TABLE: Final[tuple[tuple[type[httpx.TransportError], Verdict], ...]] = (
+TRANSPORT_TABLE: Final[OutcomeTable] = (
     # The request never left: no connection, or none free in our pool.
-    (httpx.ConnectError, Verdict.DEFERRED),
-    (httpx.ConnectTimeout, Verdict.DEFERRED),
-    (httpx.PoolTimeout, Verdict.DEFERRED),
-    (httpx.UnsupportedProtocol, Verdict.DEFERRED),
+    (httpx.ConnectError, Deferred),
+    (httpx.ConnectTimeout, Deferred),
+    (httpx.PoolTimeout, Deferred),
+    (httpx.UnsupportedProtocol, Deferred),
     # The request (or part of it) left and the connection failed before an answer.
-    (httpx.ReadTimeout, Verdict.AMBIGUOUS),
-    (httpx.WriteTimeout, Verdict.AMBIGUOUS),
-    (httpx.RemoteProtocolError, Verdict.AMBIGUOUS),
-    (httpx.ReadError, Verdict.AMBIGUOUS),
-    (httpx.WriteError, Verdict.AMBIGUOUS),
+    (httpx.ReadTimeout, Ambiguous),
+    (httpx.WriteTimeout, Ambiguous),
+    (httpx.RemoteProtocolError, Ambiguous),
+    (httpx.ReadError, Ambiguous),
+    (httpx.WriteError, Ambiguous),
 )
 """How a request that got no HTTP answer becomes an outcome (the first matching class wins;
-any other transport error is AMBIGUOUS). Ambiguous is keyed for single sends only."""
+any other transport error is Ambiguous). Ambiguous is keyed for single sends only."""
 
 
 class BrevoLookupError(RuntimeError):
@@ -111,20 +102,6 @@ class BrevoLookupError(RuntimeError):
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
-
-
-def verdict_for_status(status: int) -> Verdict:
-    for statuses, verdict, _why in RESPONSE_TABLE:
-        if status in statuses:
-            return verdict
-    return Verdict.AMBIGUOUS
-
-
-def verdict_for_transport_error(exc: httpx.TransportError) -> Verdict:
-    for error_class, verdict in TRANSPORT_TABLE:
-        if isinstance(exc, error_class):
-            return verdict
-    return Verdict.AMBIGUOUS
 
 
 def brevo_idempotency_key(email: OutgoingEmail) -> str:
@@ -136,9 +113,7 @@ def _address(address: str, name: str | None) -> dict[str, str]:
     """A Brevo address object. Brevo's schema wants `format: email`: an IDN domain goes in
     its ASCII (punycode) form; a non-ASCII local part it cannot carry at all (enqueue
     refuses it for this provider, see `supports_utf8_local_part`)."""
-    if not address.rpartition("@")[0].isascii():
-        raise NeedsSMTPUTF8(f"{address!r}: Brevo cannot send to a non-ASCII local part")
-    email = ascii_address(address)
+    email = ascii_envelope_address("brevo", address)
     return {"email": email, "name": name} if name else {"email": email}
 
 
@@ -259,6 +234,16 @@ class BrevoProvider:
         key = "set" if self._api_key else "missing"
         return f"BrevoProvider(base_url={self.base_url!r}, api_key={key})"
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BrevoProvider:
+        key = settings.brevo_api_key
+        return cls(
+            api_key=key.get_secret_value() if key else None,
+            base_url=settings.brevo_base_url,
+            timeout=settings.brevo_timeout,
+            max_connections=settings.concurrency,
+        )
+
     # --- sending -----------------------------------------------------------------------
 
     async def send(self, email: OutgoingEmail) -> SendOutcome:
@@ -319,7 +304,7 @@ class BrevoProvider:
         except httpx.TransportError as exc:
             return _Answer(transport_error=exc)
         except httpx.HTTPError as exc:  # e.g. a body that would not decode: it was sent
-            return _Answer(unreadable=_describe(exc))
+            return _Answer(unreadable=describe(exc))
         try:
             body = response.json() if response.content else None
         except ValueError:
@@ -329,45 +314,28 @@ class BrevoProvider:
     def _outcomes(self, answer: _Answer, *, count: int, keyed: bool) -> list[SendOutcome]:
         """Apply the tables: `count` emails were in the request, in order."""
         if answer.transport_error is not None:
-            exc = answer.transport_error
-            text = self._scrub(f"Brevo request failed: {_describe(exc)}")
-            if verdict_for_transport_error(exc) is Verdict.DEFERRED:
-                return [Deferred(text)] * count
-            return [Ambiguous(text, keyed=keyed)] * count
-        if answer.status is None:
-            text = self._scrub(f"Brevo answer unreadable: {answer.unreadable}")
-            return [Ambiguous(text, keyed=keyed)] * count
-
-        status, body = answer.status, answer.body
-        verdict = verdict_for_status(status)
-        if verdict is Verdict.ACCEPTED:
-            ids = _message_ids(body, count)
-            if ids is None:
-                text = self._scrub(f"Brevo answered {status} without usable message ids: {body!r}")
-                return [Ambiguous(text, keyed=keyed)] * count
-            return [Accepted(message_id) for message_id in ids]
-
-        text = self._scrub(_error_text(status, body))
-        if verdict is Verdict.REJECTED:
-            if keyed and _error_code(body) in DUPLICATE_KEY_CODES:
-                return [
-                    Ambiguous(
-                        f"{text} (an earlier request with this idempotency key "
-                        "reached Brevo: whether it was sent needs reconciliation)",
-                        keyed=False,
-                    )
-                ] * count
-            return [Rejected(text)] * count
-        if verdict is Verdict.DEFERRED:
-            retry_after = _retry_after(answer.headers) if answer.headers is not None else None
-            return [Deferred(text, retry_after=retry_after)] * count
-        return [Ambiguous(text, keyed=keyed)] * count
-
-    def _scrub(self, text: str) -> str:
-        """Belt and braces: whatever a server echoes, the key never reaches an error text."""
-        if self._api_key:
-            text = text.replace(self._api_key, "[redacted]")
-        return text[:ERROR_TEXT_MAX]
+            found = first_match(TRANSPORT_TABLE, error=answer.transport_error)
+            text = f"Brevo request failed: {describe(answer.transport_error)}"
+        elif answer.status is None:
+            found, text = Ambiguous, f"Brevo answer unreadable: {answer.unreadable}"
+        else:
+            status, body = answer.status, answer.body
+            found, text = first_match(RESPONSE_TABLE, status=status), _error_text(status, body)
+            if found is Accepted:
+                ids = _message_ids(body, count)
+                if ids is not None:
+                    return [Accepted(message_id) for message_id in ids]
+                found = Ambiguous
+                text = f"Brevo answered {status} without usable message ids: {body!r}"
+        text = scrub(text, self._api_key)
+        if found is Rejected and keyed and _error_code(answer.body) in DUPLICATE_KEY_CODES:
+            text += (
+                " (an earlier request with this idempotency key reached Brevo: whether it "
+                "was sent needs reconciliation)"
+            )
+            return [Ambiguous(text, keyed=False)] * count
+        hint = retry_after(answer.headers, RETRY_AFTER_HEADERS) if answer.headers else None
+        return [failure(found, text, keyed=keyed, retry_after=hint)] * count
 
     # --- reading back ------------------------------------------------------------------
 
@@ -425,7 +393,8 @@ class BrevoProvider:
                 LIST_PATH, params=dict(query), headers={"api-key": self._api_key}
             )
         except httpx.HTTPError as exc:
-            raise BrevoLookupError(self._scrub(f"Brevo lookup failed: {_describe(exc)}")) from exc
+            text = scrub(f"Brevo lookup failed: {describe(exc)}", self._api_key)
+            raise BrevoLookupError(text) from exc
         try:
             body = response.json() if response.content else {}
         except ValueError:
@@ -434,12 +403,13 @@ class BrevoProvider:
             return []  # Brevo's way of saying "no such email"
         if response.status_code != 200 or not isinstance(body, dict):
             raise BrevoLookupError(
-                self._scrub(f"lookup: {_error_text(response.status_code, body)}"),
+                scrub(f"lookup: {_error_text(response.status_code, body)}", self._api_key),
                 status=response.status_code,
             )
         records = body.get("transactionalEmails") or []
         if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-            raise BrevoLookupError(f"lookup: unexpected answer shape: {body!r}"[:ERROR_TEXT_MAX])
+            text = scrub(f"lookup: unexpected answer shape: {body!r}", self._api_key)
+            raise BrevoLookupError(text)
         return records
 
     async def aclose(self) -> None:
@@ -493,39 +463,4 @@ def _error_text(status: int, body: Any) -> str:
     return f"Brevo HTTP {status}" + (f": {body!r}" if body else "")
 
 
-def _retry_after(headers: httpx.Headers) -> timedelta | None:
-    """Brevo's `x-sib-ratelimit-reset` (seconds until the limit resets), else Retry-After
-    (seconds or an HTTP date)."""
-    for name in (RATE_LIMIT_RESET_HEADER, "retry-after"):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            seconds = float(value)
-        except ValueError:
-            try:
-                when = parsedate_to_datetime(value)
-            except (TypeError, ValueError):
-                continue
-            if when.tzinfo is None:
-                when = when.replace(tzinfo=UTC)
-            seconds = (when - datetime.now(UTC)).total_seconds()
-        if seconds >= 0:
-            return timedelta(seconds=seconds)
-    return None
-
-
-def _describe(exc: BaseException) -> str:
-    detail = str(exc)
-    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
-@register("brevo")
-def create(settings: Settings) -> BrevoProvider:
-    key = settings.brevo_api_key.get_secret_value() if settings.brevo_api_key else None
-    return BrevoProvider(
-        api_key=key,
-        base_url=settings.brevo_base_url,
-        timeout=settings.brevo_timeout,
-        max_connections=settings.concurrency,
-    )
+register("brevo")(BrevoProvider.from_settings)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import sys
 import uuid
 from datetime import timedelta
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from mailbag.compose import OutgoingEmail
 from mailbag.domain.delivery import Accepted, SendOutcome
 from mailbag.providers import register
 from mailbag.providers.base import SendOneByOne
-from mailbag.settings import Settings
+
+if TYPE_CHECKING:
+    from mailbag.settings import Settings
 
 
 class ConsoleProvider(SendOneByOne):
@@ -22,6 +24,10 @@ class ConsoleProvider(SendOneByOne):
 
     def __init__(self, out: TextIO | None = None) -> None:
         self.out = out or sys.stdout
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ConsoleProvider:
+        return cls()
 
     async def send(self, email: OutgoingEmail) -> SendOutcome:
         sender = f"{email.from_name} <{email.from_email}>" if email.from_name else email.from_email
@@ -35,6 +41,4 @@ class ConsoleProvider(SendOneByOne):
         return Accepted(f"console-{uuid.uuid4()}")
 
 
-@register("console")
-def create(settings: Settings) -> ConsoleProvider:
-    return ConsoleProvider()
+register("console")(ConsoleProvider.from_settings)

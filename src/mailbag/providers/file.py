@@ -13,12 +13,15 @@ import os
 import tempfile
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mailbag.compose import OutgoingEmail
 from mailbag.domain.delivery import Accepted, Deferred, Rejected, SendOutcome
 from mailbag.providers import register
 from mailbag.providers.base import SendOneByOne
-from mailbag.settings import Settings
+
+if TYPE_CHECKING:
+    from mailbag.settings import Settings
 
 
 class FileProvider(SendOneByOne):
@@ -29,6 +32,10 @@ class FileProvider(SendOneByOne):
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> FileProvider:
+        return cls(settings.file_dir)
 
     def path_for(self, email: OutgoingEmail) -> Path:
         return self.folder / f"{email.message_id}.eml"
@@ -58,6 +65,4 @@ class FileProvider(SendOneByOne):
         return final
 
 
-@register("file")
-def create(settings: Settings) -> FileProvider:
-    return FileProvider(settings.file_dir)
+register("file")(FileProvider.from_settings)

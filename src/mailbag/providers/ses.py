@@ -1,8 +1,8 @@
 """Amazon SES (API v2) through botocore: our own raw MIME, one email per call.
 
 We send `Content.Raw`, so the MIME we built, and with it our stable Message-ID, is what
-recipients receive. botocore is synchronous: calls run in a thread pool as large as
-`settings.concurrency`, all through one shared client (botocore clients are thread-safe).
+recipients receive. botocore is synchronous: calls run in a thread pool of `max_connections` threads
+(MAILBAG_CONCURRENCY), all through one shared client (botocore clients are thread-safe).
 
 botocore's own retries are switched off. A retry after a read timeout re-sends an email SES
 may already have taken, and SES has no idempotency key to deduplicate it; the outbox
@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from email.errors import MessageError
 from functools import partial
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import botocore.session
 from botocore.config import Config
@@ -43,19 +43,21 @@ from botocore.exceptions import (
     SSLError,
 )
 
-from mailbag.compose import NeedsSMTPUTF8, OutgoingEmail
-from mailbag.domain.delivery import (
-    Accepted,
-    Ambiguous,
-    Deferred,
-    Disabled,
-    Rejected,
-    SendOutcome,
-)
-from mailbag.domain.message import ascii_address
+from mailbag.compose import OutgoingEmail
+from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
 from mailbag.providers import register
 from mailbag.providers.base import SendOneByOne
-from mailbag.settings import Settings
+from mailbag.providers.kit import (
+    OutcomeTable,
+    ascii_envelope_address,
+    failure,
+    first_match,
+    retry_after,
+    scrub,
+)
+
+if TYPE_CHECKING:
+    from mailbag.settings import Settings
 
 DEFAULT_CONNECT_TIMEOUT: Final = 10.0
 DEFAULT_READ_TIMEOUT: Final = 30.0
@@ -65,10 +67,7 @@ TENANT_ID_TAG: Final = "mailbag_tenant_id"
 # SES accepts only these characters in tag names and values.
 _TAG_VALUE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
-OutcomeKind = type[Rejected] | type[Deferred] | type[Ambiguous] | type[Disabled]
-ErrorKey = str | int | range | type[Exception]
-
-ERROR_OUTCOMES: Final[tuple[tuple[ErrorKey, OutcomeKind], ...]] = (
+ERROR_OUTCOMES: Final[OutcomeTable] = (
     # SES answered with an error code: it did not take the message.
     ("Throttling", Deferred),
     ("ThrottlingException", Deferred),
@@ -126,57 +125,26 @@ not matched is Ambiguous: we cannot prove SES did not take the message. Success 
 `Accepted(MessageId)`.
 """
 
-# Secrets must not reach `last_error`, logs or events, even if a server echoes them.
-_ACCESS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA|ANPA|ANVA|AGPA)[A-Z0-9]{12,}\b")
-_SECRET_LIKE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+=]{40}(?![A-Za-z0-9/+=])")
-_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
-
-
-def redact(text: str) -> str:
-    text = _ACCESS_KEY_ID.sub("[access key id]", text)
-    text = _SECRET_LIKE.sub("[redacted]", text)
-    return _URL_USERINFO.sub("[credentials]@", text)
+# AWS credentials, should a server echo them (the Authorization header names the key id).
+AWS_SECRETS: Final = (
+    (re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA|ANPA|ANVA|AGPA)[A-Z0-9]{12,}\b"), "[access key id]"),
+    (re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+=]{40}(?![A-Za-z0-9/+=])"), "[redacted]"),
+)
 
 
 def outcome_for(error: Exception) -> SendOutcome:
     """Classify a failed `send_email` call through `ERROR_OUTCOMES`."""
-    kind: OutcomeKind = Ambiguous
-    retry_after: timedelta | None = None
+    hint: timedelta | None = None
     if isinstance(error, ClientError):
         code, status, headers = _error_details(error)
-        message = f"SES {code} (HTTP {status}): {_error_message(error)}"
-        kind = _lookup(code=code, status=status) or Ambiguous
-        retry_after = _retry_after(headers)
+        text = f"SES {code} (HTTP {status}): {_error_message(error)}"
+        found = first_match(ERROR_OUTCOMES, code=code, status=status)
+        hint = retry_after(headers)
     else:
-        message = f"SES {type(error).__name__}: {error}"
-        kind = _lookup(exception=error) or Ambiguous
-    message = redact(message)
-    if kind is Deferred:
-        return Deferred(message, retry_after=retry_after)
-    if kind is Ambiguous:
-        # SES has no idempotency key, so no retry of this request is deduplicated.
-        return Ambiguous(message, keyed=False)
-    if kind is Disabled:
-        return Disabled(message)
-    return Rejected(message)
-
-
-def _lookup(
-    *, code: str | None = None, status: int | None = None, exception: Exception | None = None
-) -> OutcomeKind | None:
-    for key, kind in ERROR_OUTCOMES:
-        if isinstance(key, str):
-            if key == code:
-                return kind
-        elif isinstance(key, int):
-            if key == status:
-                return kind
-        elif isinstance(key, range):
-            if status is not None and status in key:
-                return kind
-        elif exception is not None and isinstance(exception, key):
-            return kind
-    return None
+        text = f"SES {type(error).__name__}: {error}"
+        found = first_match(ERROR_OUTCOMES, error=error)
+    # Not keyed: SES has no idempotency key, so no retry of this request is deduplicated.
+    return failure(found, scrub(text, patterns=AWS_SECRETS), keyed=False, retry_after=hint)
 
 
 def _error_details(error: ClientError) -> tuple[str, int | None, Mapping[str, str]]:
@@ -192,20 +160,6 @@ def _error_message(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Message") or "no message")
 
 
-def _retry_after(headers: Mapping[str, str]) -> timedelta | None:
-    value = headers.get("retry-after", "")  # botocore lower-cases header names
-    return timedelta(seconds=int(value)) if value.strip().isdigit() else None
-
-
-def _envelope_address(address: str) -> str:
-    """SES wants envelope addresses in ASCII: the domain in IDNA form, and no UTF-8 local
-    part, which SES does not support (enqueue refuses it for this provider; see
-    `supports_utf8_local_part`)."""
-    if not address.rpartition("@")[0].isascii():
-        raise NeedsSMTPUTF8(f"{address!r}: SES cannot send to a non-ASCII local part")
-    return ascii_address(address)
-
-
 class SESProvider(SendOneByOne):
     name = "ses"
     max_batch_size = 1  # SES has no call that sends several distinct raw messages
@@ -214,26 +168,29 @@ class SESProvider(SendOneByOne):
 
     def __init__(
         self,
-        settings: Settings,
         *,
+        region: str | None,
+        endpoint_url: str | None = None,
+        configuration_set: str | None = None,
+        max_connections: int = 32,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
     ) -> None:
         # An empty region lets botocore fall back to AWS_REGION / AWS_DEFAULT_REGION.
-        self._region = settings.ses_region or None
-        self._endpoint_url = settings.ses_endpoint_url
-        self._configuration_set = settings.ses_configuration_set
+        self._region = region or None
+        self._endpoint_url = endpoint_url
+        self._configuration_set = configuration_set
         self._config = Config(
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             # One attempt in total, whatever AWS_MAX_ATTEMPTS or a config file says.
             retries={"total_max_attempts": 1, "mode": "standard"},
-            max_pool_connections=settings.concurrency,
+            max_pool_connections=max_connections,
             tcp_keepalive=True,
             user_agent_extra="mailbag",
         )
         self._executor = ThreadPoolExecutor(
-            max_workers=settings.concurrency, thread_name_prefix="mailbag-ses"
+            max_workers=max_connections, thread_name_prefix="mailbag-ses"
         )
         # Created on first use, in a pool thread: resolving credentials may read files or
         # call the instance metadata service, and a failure is a send outcome, not a crash.
@@ -241,13 +198,22 @@ class SESProvider(SendOneByOne):
         self._client_lock = threading.Lock()
         self._closed = False
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SESProvider:
+        return cls(
+            region=settings.ses_region,
+            endpoint_url=settings.ses_endpoint_url,
+            configuration_set=settings.ses_configuration_set,
+            max_connections=settings.concurrency,
+        )
+
     async def send(self, email: OutgoingEmail) -> SendOutcome:
         if self._closed:
             return Disabled("the SES provider is closed")
         try:
             request = self._request(email)
         except (ValueError, MessageError) as error:
-            return Rejected(redact(f"cannot build the SES request: {error}"))
+            return Rejected(scrub(f"cannot build the SES request: {error}", patterns=AWS_SECRETS))
         loop = asyncio.get_running_loop()
         try:
             pending = loop.run_in_executor(self._executor, partial(self._send_blocking, request))
@@ -270,8 +236,9 @@ class SESProvider(SendOneByOne):
         if _TAG_VALUE.fullmatch(email.tenant_id):
             tags.append({"Name": TENANT_ID_TAG, "Value": email.tenant_id})
         request: dict[str, Any] = {
-            "FromEmailAddress": _envelope_address(email.from_email),
-            "Destination": {"ToAddresses": [_envelope_address(email.to_email)]},
+            # SES takes ASCII envelope addresses only: it documents no SMTPUTF8 support.
+            "FromEmailAddress": ascii_envelope_address("ses", email.from_email),
+            "Destination": {"ToAddresses": [ascii_envelope_address("ses", email.to_email)]},
             "Content": {"Raw": {"Data": email.raw}},
             "EmailTags": tags,
         }
@@ -303,6 +270,4 @@ class SESProvider(SendOneByOne):
             return self._client
 
 
-@register("ses")
-def create(settings: Settings) -> SESProvider:
-    return SESProvider(settings)
+register("ses")(SESProvider.from_settings)

@@ -36,7 +36,8 @@ import socket
 import ssl
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Final, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
 from aiosmtplib import (
     SMTP,
@@ -48,14 +49,15 @@ from aiosmtplib import (
 
 from mailbag.compose import OutgoingEmail
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
-from mailbag.domain.message import ascii_domain
 from mailbag.providers import register
 from mailbag.providers.base import SendOneByOne
-from mailbag.settings import Settings
+from mailbag.providers.kit import OutcomeClass, describe, envelope_address, failure, scrub
+
+if TYPE_CHECKING:
+    from mailbag.settings import Settings
 
 log = logging.getLogger(__name__)
 
-ERROR_TEXT_MAX: Final = 500
 PROVIDER_MESSAGE_ID_MAX: Final = 255  # the outbox column's width
 # How long aclose() waits for each idle connection's QUIT before dropping it.
 QUIT_TIMEOUT: Final = 5.0
@@ -63,6 +65,8 @@ REPLY_START_INPUT: Final = 354
 REPLY_COMPLETED: Final = 250
 REPLY_SERVICE_CLOSING: Final = 421
 REPLY_ACCESS_DENIED: Final = 530  # "authentication required" / "issue STARTTLS first"
+
+TLSMode = Literal["auto", "starttls", "implicit", "none"]  # SMTP_TLS: see the module doc
 
 
 class Phase(enum.Enum):
@@ -91,26 +95,19 @@ class Failure(enum.Enum):
     OTHER = "other"  # anything else: a malformed reply, an unexpected exception
 
 
-class Verdict(enum.Enum):
-    DEFERRED = "deferred"  # known not delivered: retry later (spends an attempt)
-    REJECTED = "rejected"  # refused for good: this email will never pass
-    AMBIGUOUS = "ambiguous"  # may have been delivered: never resend blindly
-    DISABLED = "disabled"  # our configuration or the server's policy: release, no attempt spent
-
-
-D, R, A, X = Verdict.DEFERRED, Verdict.REJECTED, Verdict.AMBIGUOUS, Verdict.DISABLED
-
-
 class Row(NamedTuple):
-    temporary: Verdict
-    permanent: Verdict
-    access: Verdict
-    network: Verdict
-    timeout: Verdict
-    tls: Verdict
-    not_offered: Verdict
-    other: Verdict
+    temporary: OutcomeClass
+    permanent: OutcomeClass
+    access: OutcomeClass
+    network: OutcomeClass
+    timeout: OutcomeClass
+    tls: OutcomeClass
+    not_offered: OutcomeClass
+    other: OutcomeClass
 
+
+# The domain's outcome classes, one letter each so that a row reads at a glance.
+D, R, A, X = Deferred, Rejected, Ambiguous, Disabled
 
 OUTCOME_TABLE: Final[dict[Phase, Row]] = {
     #                  4xx 5xx 530 network timeout tls not-offered other
@@ -159,9 +156,9 @@ _LINE_START_DOT = re.compile(rb"(?m)^\.")
 _BARE_LINE_ENDING = re.compile(rb"\r\n|\r|\n")
 
 
-def verdict_for(phase: Phase, failure: Failure) -> Verdict:
-    verdict: Verdict = getattr(OUTCOME_TABLE[phase], failure.name.lower())
-    return verdict
+def outcome_class(phase: Phase, kind: Failure) -> OutcomeClass:
+    found: OutcomeClass = getattr(OUTCOME_TABLE[phase], kind.name.lower())
+    return found
 
 
 def classify(exc: BaseException) -> Failure:
@@ -204,7 +201,7 @@ class StepFailed(Exception):
         if isinstance(exc, StepFailed):
             return exc
         code = exc.code if isinstance(exc, SMTPResponseException) else None
-        return cls(phase, classify(exc), _describe(exc), reply_code=code)
+        return cls(phase, classify(exc), _detail(exc), reply_code=code)
 
     @property
     def is_reply(self) -> bool:
@@ -230,8 +227,8 @@ class Envelope:
 
     @classmethod
     def of(cls, email: OutgoingEmail) -> Envelope:
-        sender, sender_utf8 = _envelope_address(email.from_email)
-        recipient, recipient_utf8 = _envelope_address(email.to_email)
+        sender, sender_utf8 = envelope_address(email.from_email)
+        recipient, recipient_utf8 = envelope_address(email.to_email)
         needs_smtputf8 = sender_utf8 or recipient_utf8
         # An internationalized mailbox must appear in the headers as UTF-8 too (RFC 6532).
         content = email.raw_utf8 if needs_smtputf8 else email.raw
@@ -251,21 +248,48 @@ class SMTPProvider(SendOneByOne):
     supports_utf8_local_part = True  # with SMTPUTF8, when the server offers it
     idempotency_window: timedelta | None = None  # SMTP has no idempotency key
 
-    def __init__(self, settings: Settings) -> None:
-        self._host = settings.smtp_host
-        self._port = settings.smtp_port
-        self._tls_mode = settings.smtp_tls
-        self._timeout = settings.smtp_timeout
-        self._username = settings.smtp_username
-        self._password = (
-            settings.smtp_password.get_secret_value() if settings.smtp_password else None
-        )
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        tls: TLSMode = "auto",
+        tls_verify: bool = True,
+        ca_file: Path | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        timeout: float = 30.0,
+        max_connections: int = 32,
+    ) -> None:
+        self._host = host
+        self._port = port
+        self._tls_mode = tls
+        self._timeout = timeout
+        self._username = username
+        self._password = password
+        # Error texts never carry the password, nor its base64 form (what AUTH LOGIN sends).
+        self._secrets = (password, base64.b64encode(password.encode()).decode()) if password else ()
         # Built now, so a missing or unreadable SMTP_CA_FILE fails at startup, loudly.
-        self._tls_context = _tls_context(settings)
-        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._tls_context = _tls_context(tls, tls_verify, ca_file)
+        self._slots = asyncio.Semaphore(max_connections)
         self._idle: list[Connection] = []  # a stack: the most recently used is reused first
         self._local_hostname: str | None = None
         self._closed = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SMTPProvider:
+        password = settings.smtp_password
+        return cls(
+            host=settings.smtp_host,
+            port=settings.smtp_port,
+            tls=settings.smtp_tls,
+            tls_verify=settings.smtp_tls_verify,
+            ca_file=settings.smtp_ca_file,
+            username=settings.smtp_username,
+            password=password.get_secret_value() if password else None,
+            timeout=settings.smtp_timeout,
+            max_connections=settings.concurrency,
+        )
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -273,12 +297,12 @@ class SMTPProvider(SendOneByOne):
         try:
             envelope = Envelope.of(email)
         except Exception as exc:
-            return self._outcome(StepFailed.from_exception(Phase.PREPARE, exc), email)
+            return self._outcome(StepFailed.from_exception(Phase.PREPARE, exc))
         async with self._slots:
             try:
                 reply = await self._send_over_pool(envelope)
             except StepFailed as failed:
-                return self._outcome(failed, email)
+                return self._outcome(failed)
         return Accepted(provider_message_id=provider_message_id(reply.message, email))
 
     async def _send_over_pool(self, envelope: Envelope) -> SMTPResponse:
@@ -339,19 +363,14 @@ class SMTPProvider(SendOneByOne):
         except Exception as exc:
             raise StepFailed.from_exception(phase, exc) from exc
 
-    def _outcome(self, failed: StepFailed, email: OutgoingEmail) -> SendOutcome:
-        verdict = verdict_for(failed.phase, failed.failure)
-        text = self._scrub(f"SMTP {self._host}:{self._port}, {failed.phase.value}: {failed.detail}")
-        log.debug("smtp: %s -> %s", text, verdict.value)
-        if verdict is Verdict.DEFERRED:
-            return Deferred(text)
-        if verdict is Verdict.REJECTED:
-            return Rejected(text)
-        if verdict is Verdict.DISABLED:
-            return Disabled(text)
-        # No key to resend under: the worker must not retry this, only reconcile it. No
-        # provider_message_id either: the server gave none, and ours is not evidence.
-        return Ambiguous(text, keyed=False)
+    def _outcome(self, failed: StepFailed) -> SendOutcome:
+        found = outcome_class(failed.phase, failed.failure)
+        where = f"SMTP {self._host}:{self._port}, {failed.phase.value}"
+        text = scrub(f"{where}: {failed.detail}", *self._secrets)
+        log.debug("smtp: %s -> %s", text, found.__name__)
+        # Not keyed: no key to resend under, so the worker must not retry an Ambiguous one,
+        # only reconcile it. No provider_message_id either: the server gave none.
+        return failure(found, text, keyed=False)
 
     # --- the pool --------------------------------------------------------------------------
 
@@ -458,14 +477,6 @@ class SMTPProvider(SendOneByOne):
             self._local_hostname = name if name and usable else "localhost"
         return self._local_hostname
 
-    def _scrub(self, text: str) -> str:
-        """Error texts are stored and shown: make sure no form of the password is in them."""
-        if self._password:
-            secrets = {self._password, base64.b64encode(self._password.encode()).decode()}
-            for secret in secrets:
-                text = text.replace(secret, "[redacted]")
-        return text[:ERROR_TEXT_MAX]
-
     async def aclose(self) -> None:
         """QUIT every idle connection; in-flight ones are closed when they come back."""
         self._closed = True
@@ -473,21 +484,19 @@ class SMTPProvider(SendOneByOne):
         await asyncio.gather(*(_quit(connection.client) for connection in idle))
 
 
-@register("smtp")
-def create(settings: Settings) -> SMTPProvider:
-    return SMTPProvider(settings)
+register("smtp")(SMTPProvider.from_settings)
 
 
 # --- helpers -------------------------------------------------------------------------------
 
 
-def _tls_context(settings: Settings) -> ssl.SSLContext | None:
-    if settings.smtp_tls == "none":
+def _tls_context(mode: TLSMode, verify: bool, ca_file: Path | None) -> ssl.SSLContext | None:
+    if mode == "none":
         return None
     context = ssl.create_default_context()  # the system's CAs, hostname checks, TLS >= 1.2
-    if settings.smtp_ca_file is not None:
-        context.load_verify_locations(cafile=str(settings.smtp_ca_file))
-    if not settings.smtp_tls_verify:
+    if ca_file is not None:
+        context.load_verify_locations(cafile=str(ca_file))
+    if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     return context
@@ -531,17 +540,9 @@ async def _quit(client: SMTP) -> None:
     try:
         await asyncio.wait_for(client.quit(), QUIT_TIMEOUT)
     except Exception as exc:  # a goodbye that fails changes nothing
-        log.debug("smtp: QUIT failed: %s", _describe(exc))
+        log.debug("smtp: QUIT failed: %s", describe(exc))
     finally:
         client.close()
-
-
-def _envelope_address(address: str) -> tuple[str, bool]:
-    """The address with an ASCII (IDNA) domain, and whether its local part needs SMTPUTF8."""
-    local, at, domain = address.rpartition("@")
-    if not at or not local or not domain:
-        raise ValueError(f"not an email address: {address!r}")
-    return f"{local}@{ascii_domain(domain)}", not local.isascii()
 
 
 def _dot_stuffed(content: bytes) -> bytes:
@@ -563,10 +564,8 @@ def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
     return False
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, StepFailed):
-        return exc.detail
+def _detail(exc: BaseException) -> str:
+    """A reply as the server gave it ("550 5.1.1 No such user"); anything else described."""
     if isinstance(exc, SMTPResponseException):
         return " ".join(f"{exc.code} {exc.message}".split())
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return describe(exc)
