@@ -21,7 +21,8 @@ from email_validator import EmailNotValidError
 
 from mailbag.domain.message import normalize_address
 
-ProviderName = Literal["brevo", "ses"]
+# The providers whose webhook events mailbag reads (a provider is named as it is registered).
+EventSource = Literal["brevo", "ses"]
 
 
 class EventKind(StrEnum):
@@ -50,7 +51,7 @@ class UnsupportedEvent(InvalidPayload):
     a webhook configured for events mailbag does not handle). The caller answers 400, or
     200 if it prefers the provider to stop retrying; either way nothing is recorded."""
 
-    def __init__(self, provider: ProviderName, event_name: str) -> None:
+    def __init__(self, provider: EventSource, event_name: str) -> None:
         self.provider = provider
         self.event_name = event_name
         super().__init__(f"{provider} event {event_name!r} is not one mailbag understands")
@@ -65,7 +66,7 @@ _ACCEPTANCE_KINDS = frozenset(EventKind) - {EventKind.REJECTED}
 class ProviderEvent:
     """One provider event about one recipient of one email, normalized."""
 
-    provider: ProviderName
+    provider: EventSource
     kind: EventKind
     # The provider's own name for the event ("hard_bounce", "Bounce"), for logs and history.
     provider_event: str
@@ -141,7 +142,7 @@ def normalize_recipient(address: object) -> str | None:
 
 
 def dedup_key(
-    provider: ProviderName,
+    provider: EventSource,
     *,
     provider_event_id: str | None = None,
     recipient: str | None,
