@@ -18,7 +18,7 @@ from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.states import Status
 from mailbag.services import outbox as outbox_service
 from mailbag.settings import Settings
-from mailbag.store import outbox as store
+from mailbag.store import dispatch as store
 from mailbag.store.plan import run_async
 from mailbag.templates import builtin
 from mailbag.worker import PeriodicJob, Worker, WorkerConfig, WorkerFailed
@@ -81,7 +81,7 @@ async def test_claims_never_exceed_the_free_concurrency_slots(db, async_engine):
 
     def done() -> bool:
         nonlocal most_in_flight
-        most_in_flight = max(most_in_flight, worker.sending)
+        most_in_flight = max(most_in_flight, worker.ledger.undecided)
         return all_in(db, Status.SENT, total=40)()
 
     await run_worker_until(worker, done)
@@ -231,8 +231,8 @@ async def test_claimed_but_unstarted_messages_are_released_at_shutdown(db, async
             ),
         )
     worker.stopping = True  # the shutdown began between the claim and the sends
-    worker._dispatch(claim)
-    finalizer = asyncio.create_task(worker._write_outcomes())
+    worker._dispatch(claim.token, claim.messages)
+    finalizer = worker.writer.start()
     await worker._drain()
     finalizer.cancel()
     assert provider.sent == []
@@ -323,17 +323,17 @@ async def test_an_enqueue_in_this_process_wakes_the_worker_at_commit(db, async_e
 
 def fail_writes(worker: Worker, times: int) -> None:
     """The finalizer's write raises a bug (not a database error) its first `times` calls."""
-    real = worker._write_batch
+    real = worker.writer.write
     calls = 0
 
-    async def write_batch(by_token: Any) -> Any:
+    async def write(batch: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls <= times:
             raise RuntimeError("injected finalizer bug")
-        return await real(by_token)
+        return await real(batch)
 
-    worker._write_batch = write_batch  # type: ignore[method-assign]
+    worker.writer.write = write
 
 
 async def run_until_it_fails(worker: Worker) -> WorkerFailed:
@@ -411,4 +411,4 @@ async def test_any_dead_helper_stops_the_worker_a_periodic_job_too(db, async_eng
     )
     failure = await run_until_it_fails(worker)
     assert "reconciled" in str(failure) and isinstance(failure.__cause__, ValueError)
-    assert worker.helpers == {}  # every other helper was stopped too
+    assert worker.side_tasks.tasks == {}  # every other helper was stopped too

@@ -268,12 +268,12 @@ def _pg_ctl(version: str, action: str) -> None:
 
 
 BROKEN_FINALIZER = """
-import mailbag.worker
+from mailbag.worker.database import WorkerDatabase
 
-async def broken(self, by_token):
+async def broken(self, batch):
     raise RuntimeError("injected finalizer bug")
 
-mailbag.worker.Worker._write_batch = broken
+WorkerDatabase.finalize = broken
 from mailbag.cli import app
 
 app(prog_name="mailbag", args=["worker"])

@@ -48,7 +48,7 @@ async def deliver(db: Any, async_engine: Any, provider: Provider | None = None) 
 
     def settled() -> bool:
         counts = status_counts(db)
-        return not counts.get("pending") and not counts.get("processing") and not worker.in_flight
+        return not counts.get("pending") and not counts.get("processing") and not worker.ledger.held
 
     await run_worker_until(worker, settled)
     return provider
