@@ -14,13 +14,13 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import Field
 
 from mailbag import log
-from mailbag.api.deps import NowDep, ServicesDep, bearer, too_many_attempts
-from mailbag.api.problems import COMMON, ProblemError, documented
+from mailbag.api.deps import NowDep, ServicesDep, bearer
+from mailbag.api.problems import COMMON, documented, not_found, too_many_attempts, unauthorized
 from mailbag.api.schemas import Strict  # no unknown fields, nothing a database refuses
 from mailbag.domain.message import InvalidMessage
 from mailbag.domain.states import Status
 from mailbag.keys import secret_matches
-from mailbag.services.messages import decode_cursor, encode_cursor, public
+from mailbag.services.messages import MessageNotFound, decode_cursor, encode_cursor, public
 from mailbag.services.operations import Filter, NotAllowed
 from mailbag.services.reconciliation import Reconciler
 from mailbag.web import client_address
@@ -35,7 +35,7 @@ async def admin(
 ) -> None:
     token = svc.settings.admin_token
     if token is None:
-        raise ProblemError(404, "not-found", "Not found", "the admin API is not enabled")
+        raise not_found("the admin API is not enabled")
     client = client_address(request)
     wait = svc.admin_token_failures.retry_after(client)
     if wait is not None:
@@ -45,13 +45,7 @@ async def admin(
         if offered:  # a guess; a request without any token guesses nothing
             svc.admin_token_failures.failed(client)
             log.get("mailbag.api").warning("admin_token_rejected", client=client)
-        raise ProblemError(
-            401,
-            "unauthorized",
-            "Unauthorized",
-            "send the admin token",
-            headers={"WWW-Authenticate": 'Bearer realm="mailbag admin"'},
-        )
+        raise unauthorized("send the admin token", 'Bearer realm="mailbag admin"')
 
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(admin)])
@@ -117,7 +111,7 @@ async def message(message_id: uuid.UUID, svc: ServicesDep) -> dict[str, Any]:
     """A message with its transitions and the provider events matched to it."""
     found = await svc.operations.message(message_id)
     if found is None:
-        raise ProblemError(404, "not-found", "Not found", "no such message")
+        raise MessageNotFound
     row, history, provider_events = found
     body = public(row, history)
     body["tenant_id"] = row.tenant_id
@@ -219,5 +213,5 @@ async def add_suppression(body: SuppressionIn, svc: ServicesDep, now: NowDep) ->
 @router.delete("/suppressions/{tenant_id}/{email}", responses=RESPONSES)
 async def remove_suppression(tenant_id: str, email: str, svc: ServicesDep) -> dict[str, bool]:
     if not await svc.operations.unsuppress(tenant_id=tenant_id, email=email):
-        raise ProblemError(404, "not-found", "Not found", "no such suppression")
+        raise not_found("no such suppression")
     return {"removed": True}

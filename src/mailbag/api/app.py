@@ -6,6 +6,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -22,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mailbag import console, log, metrics, metrics_server, templates
 from mailbag.api import admin, messages, verifications, webhooks
 from mailbag.api.deadline import RETRY_AFTER_SECONDS, DatabaseDeadline, database_unavailable
-from mailbag.api.problems import ProblemError, problem_response
+from mailbag.api.problems import ProblemError, unauthorized
 from mailbag.clock import Clock, utcnow
 from mailbag.domain import storable
 from mailbag.domain.message import InvalidMessage
@@ -103,13 +104,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
         svc: Services = request.app.state.services
         token = settings.metrics_token
         if token is not None and not bearer_matches(request.headers.get("authorization"), token):
-            raise ProblemError(
-                401,
-                "unauthorized",
-                "Unauthorized",
-                metrics_server.UNAUTHORIZED_DETAIL,
-                headers={"WWW-Authenticate": metrics_server.CHALLENGE},
-            )
+            raise unauthorized(metrics_server.UNAUTHORIZED_DETAIL, metrics_server.CHALLENGE)
         try:
             # Within half the request's deadline: during an outage, when metrics matter
             # most, the process's own metrics still come out.
@@ -178,16 +173,16 @@ class RequestContext:
 
         app = self.app
         if _not_json(scope, headers):
-            app = problem_response(
+            app = ProblemError(
                 415,
                 "unsupported-media-type",
                 "Unsupported media type",
                 "send the body as application/json",
-            )
+            ).response()
         try:
             await app(scope, receive, send_with_id)
         except Exception as exc:
-            answer = internal_error(exc)
+            answer = internal_error(exc).response()
             if status is None:  # else the answer had begun: the server drops the connection
                 await answer(scope, receive, send_with_id)
         finally:
@@ -226,10 +221,10 @@ async def storable_parameters(request: Request) -> None:
         raise RequestValidationError(errors)
 
 
-def internal_error(exc: BaseException) -> Response:
-    """Log an unhandled error (its types and frames, never its message) and answer 500."""
+def internal_error(exc: BaseException) -> ProblemError:
+    """Log an unhandled error (its types and frames, never its message): a 500."""
     log.get("mailbag.api").error("unhandled_error", **log.exception_fields(exc))
-    return problem_response(
+    return ProblemError(
         500,
         "internal-error",
         "Internal server error",
@@ -251,9 +246,9 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length")
-        too_large = problem_response(
+        too_large = ProblemError(
             413, "body-too-large", "Request body too large", f"the limit is {self.max_bytes} bytes"
-        )
+        ).response()
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await too_large(scope, receive, send)
             return
@@ -289,150 +284,137 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     ]
 
 
+@dataclass(frozen=True)
+class ProblemType:
+    """The answer to one kind of error. The detail is the exception's message unless one is
+    given; `fields` and `headers` take the exception's particulars."""
+
+    status: int
+    slug: str
+    title: str
+    detail: str | None = None
+    fields: Callable[[Any], dict[str, Any]] = lambda exc: {}
+    headers: Callable[[Any], dict[str, str]] = lambda exc: {}
+
+    def __call__(self, exc: Exception) -> ProblemError:
+        detail = self.detail if self.detail is not None else str(exc)
+        return ProblemError(
+            self.status,
+            self.slug,
+            self.title,
+            detail,
+            headers=self.headers(exc),
+            **self.fields(exc),
+        )
+
+
+def _invalid_request(exc: RequestValidationError) -> ProblemError:
+    errors = _validation_errors(exc)
+    if any(e["type"] == "json_invalid" for e in errors):
+        return ProblemError(400, "invalid-json", "Invalid JSON", "the body is not valid JSON")
+    return ProblemError(
+        422,
+        "validation-error",
+        "Invalid request",
+        "the request does not match the schema",
+        errors=errors,
+    )
+
+
+def _key_reused(exc: idempotency.KeyReused) -> ProblemError:
+    metrics.FINGERPRINT_CONFLICTS.labels(metrics.tenant_label(_tenant())).inc()
+    return ProblemError(
+        409,
+        "idempotency-key-reused",
+        "Idempotency-Key reused",
+        str(exc),
+        first_operation=exc.operation,
+    )
+
+
+def _finished(exc: verification_service.AlreadyFinished) -> ProblemError:
+    status = 410 if exc.state.value == "expired" else 409
+    return ProblemError(
+        status, "verification-finished", "Verification finished", str(exc), state=exc.state.value
+    )
+
+
+def _http_error(exc: StarletteHTTPException) -> ProblemError:
+    slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+    return ProblemError(exc.status_code, slug, str(exc.detail), headers=dict(exc.headers or {}))
+
+
+def _database_down(exc: Exception) -> ProblemError:
+    return database_unavailable(type(exc).__name__)
+
+
+def _driver_error(exc: DBAPIError) -> ProblemError:
+    # Not an outage unless the connection went with it: a refused statement is our bug.
+    return _database_down(exc) if exc.connection_invalidated else internal_error(exc)
+
+
+# Every exception a request may raise, and its answer: the entry of the exception's nearest
+# class (its MRO, as Starlette looks handlers up) answers it; `Exception` catches the rest.
+PROBLEMS: dict[type[Exception], Callable[[Any], ProblemError]] = {
+    ProblemError: lambda exc: exc,
+    RequestValidationError: _invalid_request,
+    InvalidMessage: ProblemType(
+        422, "invalid-message", "Invalid message", fields=lambda exc: {"errors": exc.errors}
+    ),
+    idempotency.KeyReused: _key_reused,
+    NotAllowed: ProblemType(409, "not-allowed", "Not allowed in this state"),
+    message_service.MessageNotFound: ProblemType(404, "not-found", "Not found", "no such message"),
+    message_service.NotCancellable: ProblemType(
+        409, "not-cancellable", "Not cancellable", fields=lambda exc: {"status_now": exc.status}
+    ),
+    message_service.InvalidCursor: ProblemType(400, "invalid-cursor", "Invalid cursor"),
+    verification_service.NotFound: ProblemType(
+        404, "not-found", "Not found", "no such verification"
+    ),
+    verification_service.ActiveVerificationExists: ProblemType(
+        409,
+        "active-verification-exists",
+        "Active verification exists",
+        fields=lambda exc: {"active_verification_id": str(exc.verification_id)},
+    ),
+    verification_service.RateLimited: ProblemType(
+        429,
+        "rate-limited",
+        "Too many verification emails",
+        fields=lambda exc: {"scope": exc.scope},
+        headers=lambda exc: {"Retry-After": str(exc.retry_after)},
+    ),
+    verification_service.Expired: ProblemType(
+        410, "verification-expired", "Verification expired", "request a new verification"
+    ),
+    verification_service.Locked: ProblemType(
+        423,
+        "verification-locked",
+        "Verification locked",
+        "too many wrong tokens; resend to get a new one",
+    ),
+    verification_service.WrongToken: ProblemType(
+        400,
+        "invalid-token",
+        "Invalid token",
+        fields=lambda exc: {"attempts_left": exc.attempts_left},
+    ),
+    verification_service.AlreadyFinished: _finished,
+    StarletteHTTPException: _http_error,
+    **dict.fromkeys(DATABASE_DOWN, _database_down),
+    DBAPIError: _driver_error,
+    Exception: internal_error,
+}
+
+
+def problem_for(exc: Exception) -> ProblemError:
+    nearest = next(kind for kind in type(exc).__mro__ if kind in PROBLEMS)
+    return PROBLEMS[nearest](exc)
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    def handle(kind: type[Exception]) -> Callable[[Callable[..., Response]], Any]:
-        def register(fn: Callable[..., Response]) -> Any:
-            async def handler(request: Request, exc: Any) -> Response:
-                return fn(exc)
+    async def answer(request: Request, exc: Exception) -> Response:
+        return problem_for(exc).response()
 
-            app.add_exception_handler(kind, handler)
-            return fn
-
-        return register
-
-    @handle(ProblemError)
-    def _problem(exc: ProblemError) -> Response:
-        return problem_response(
-            exc.status, exc.slug, exc.title, exc.detail, headers=exc.headers, **exc.extra
-        )
-
-    @handle(RequestValidationError)
-    def _invalid(exc: RequestValidationError) -> Response:
-        errors = _validation_errors(exc)
-        if any(e["type"] == "json_invalid" for e in errors):
-            return problem_response(
-                400, "invalid-json", "Invalid JSON", "the body is not valid JSON"
-            )
-        return problem_response(
-            422,
-            "validation-error",
-            "Invalid request",
-            "the request does not match the schema",
-            errors=errors,
-        )
-
-    @handle(InvalidMessage)
-    def _invalid_message(exc: InvalidMessage) -> Response:
-        return problem_response(
-            422, "invalid-message", "Invalid message", str(exc), errors=exc.errors
-        )
-
-    @handle(idempotency.KeyReused)
-    def _reused(exc: idempotency.KeyReused) -> Response:
-        metrics.FINGERPRINT_CONFLICTS.labels(metrics.tenant_label(_tenant())).inc()
-        return problem_response(
-            409,
-            "idempotency-key-reused",
-            "Idempotency-Key reused",
-            str(exc),
-            first_operation=exc.operation,
-        )
-
-    @handle(NotAllowed)
-    def _not_allowed(exc: NotAllowed) -> Response:
-        return problem_response(409, "not-allowed", "Not allowed in this state", str(exc))
-
-    @handle(message_service.MessageNotFound)
-    def _message_missing(exc: Exception) -> Response:
-        return problem_response(404, "not-found", "Not found", "no such message")
-
-    @handle(message_service.NotCancellable)
-    def _not_cancellable(exc: message_service.NotCancellable) -> Response:
-        return problem_response(
-            409, "not-cancellable", "Not cancellable", str(exc), status_now=exc.status
-        )
-
-    @handle(message_service.InvalidCursor)
-    def _cursor(exc: Exception) -> Response:
-        return problem_response(400, "invalid-cursor", "Invalid cursor", str(exc))
-
-    @handle(verification_service.NotFound)
-    def _verification_missing(exc: Exception) -> Response:
-        return problem_response(404, "not-found", "Not found", "no such verification")
-
-    @handle(verification_service.ActiveVerificationExists)
-    def _active(exc: verification_service.ActiveVerificationExists) -> Response:
-        return problem_response(
-            409,
-            "active-verification-exists",
-            "Active verification exists",
-            str(exc),
-            active_verification_id=str(exc.verification_id),
-        )
-
-    @handle(verification_service.RateLimited)
-    def _limited(exc: verification_service.RateLimited) -> Response:
-        return problem_response(
-            429,
-            "rate-limited",
-            "Too many verification emails",
-            str(exc),
-            headers={"Retry-After": str(exc.retry_after)},
-            scope=exc.scope,
-        )
-
-    @handle(verification_service.Expired)
-    def _expired(exc: Exception) -> Response:
-        return problem_response(
-            410, "verification-expired", "Verification expired", "request a new verification"
-        )
-
-    @handle(verification_service.Locked)
-    def _locked(exc: Exception) -> Response:
-        return problem_response(
-            423,
-            "verification-locked",
-            "Verification locked",
-            "too many wrong tokens; resend to get a new one",
-        )
-
-    @handle(verification_service.WrongToken)
-    def _wrong(exc: verification_service.WrongToken) -> Response:
-        return problem_response(
-            400, "invalid-token", "Invalid token", str(exc), attempts_left=exc.attempts_left
-        )
-
-    @handle(verification_service.AlreadyFinished)
-    def _finished(exc: verification_service.AlreadyFinished) -> Response:
-        status = 410 if exc.state.value == "expired" else 409
-        return problem_response(
-            status,
-            "verification-finished",
-            "Verification finished",
-            str(exc),
-            state=exc.state.value,
-        )
-
-    @handle(StarletteHTTPException)
-    def _http(exc: StarletteHTTPException) -> Response:
-        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
-        return problem_response(
-            exc.status_code, slug, str(exc.detail), headers=dict(exc.headers or {})
-        )
-
-    for outage in (*DATABASE_DOWN, DBAPIError):
-
-        @handle(outage)
-        def _database_down(exc: Exception) -> Response:
-            if (
-                isinstance(exc, DBAPIError)
-                and not isinstance(exc, OperationalError)
-                and not (exc.connection_invalidated)
-            ):
-                response: Response = _internal(exc)
-                return response
-            return database_unavailable(type(exc).__name__)
-
-    @handle(Exception)
-    def _internal(exc: Exception) -> Response:
-        return internal_error(exc)
+    for kind in PROBLEMS:
+        app.add_exception_handler(kind, answer)

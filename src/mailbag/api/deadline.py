@@ -16,20 +16,19 @@ from __future__ import annotations
 
 import asyncio
 
-from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mailbag import log
-from mailbag.api.problems import problem_response
+from mailbag.api.problems import ProblemError
 from mailbag.store.database import abandon, wait_done
 
 RETRY_AFTER_SECONDS = 5
 
 
-def database_unavailable(error: str) -> Response:
-    """The one answer for a database that is down or too slow (every route, /readyz too)."""
+def database_unavailable(error: str) -> ProblemError:
+    """The one answer for a database that is down or too slow, logged."""
     log.get("mailbag.api").warning("database_unavailable", error=error)
-    return problem_response(
+    return ProblemError(
         503,
         "database-unavailable",
         "Service unavailable",
@@ -64,9 +63,8 @@ class DatabaseDeadline:
             elif not done:
                 given_up = True
                 abandon(work)
-                await database_unavailable(f"no answer within {self.seconds:g} s")(
-                    scope, receive, send
-                )
+                answer = database_unavailable(f"no answer within {self.seconds:g} s")
+                await answer.response()(scope, receive, send)
                 return
         except asyncio.CancelledError:
             abandon(work)

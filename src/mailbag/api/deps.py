@@ -10,7 +10,7 @@ from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from mailbag import web
-from mailbag.api.problems import ProblemError
+from mailbag.api.problems import ProblemError, unauthorized
 from mailbag.services import tenants
 from mailbag.services.container import Services
 from mailbag.services.idempotency import InvalidIdempotencyKey, check_key, key_hash
@@ -25,16 +25,6 @@ async def now(svc: Annotated[Services, Depends(services)]) -> datetime:
     return svc.clock()
 
 
-def too_many_attempts(retry_after: int) -> ProblemError:
-    return ProblemError(
-        429,
-        "too-many-attempts",
-        "Too many failed attempts",
-        f"too many wrong credentials; try again in {retry_after} s",
-        headers={"Retry-After": str(retry_after)},
-    )
-
-
 bearer = HTTPBearer(auto_error=False, description="The tenant's API key.")
 
 
@@ -42,22 +32,18 @@ async def tenant(
     svc: Annotated[Services, Depends(services)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Tenant:
-    unauthorized = ProblemError(
-        401,
-        "unauthorized",
-        "Unauthorized",
-        "send `Authorization: Bearer <API key>` with a valid key",
-        headers={"WWW-Authenticate": 'Bearer realm="mailbag"'},
+    refused = unauthorized(
+        "send `Authorization: Bearer <API key>` with a valid key", 'Bearer realm="mailbag"'
     )
     if credentials is None or credentials.scheme.lower() != "bearer":
-        raise unauthorized
+        raise refused
     key = credentials.credentials
     found = svc.known_keys.get(key)
     if found is None:
         async with svc.engine.connect() as conn:
             found = await tenants.authenticate(conn, key)
         if found is None:
-            raise unauthorized
+            raise refused
         svc.known_keys.put(key, found)
     structlog.contextvars.bind_contextvars(tenant=found.id)
     return found

@@ -24,7 +24,7 @@ class Problem(BaseModel):
 
 
 class ProblemError(Exception):
-    """Raise anywhere in a request to answer with a problem+json response."""
+    """A problem: raise it anywhere in a request, or answer with its `response()`."""
 
     def __init__(
         self,
@@ -41,24 +41,39 @@ class ProblemError(Exception):
         self.headers = headers or {}
         self.extra = extra
 
+    def response(self) -> JSONResponse:
+        body: dict[str, Any] = {
+            "type": PROBLEM_BASE + self.slug,
+            "title": self.title,
+            "status": self.status,
+        }
+        if self.detail is not None:
+            body["detail"] = self.detail
+        body.update(self.extra)
+        return JSONResponse(
+            body, status_code=self.status, media_type=MEDIA_TYPE, headers=self.headers
+        )
 
-def problem_response(
-    status: int,
-    slug: str,
-    title: str,
-    detail: str | None = None,
-    *,
-    instance: str | None = None,
-    headers: dict[str, str] | None = None,
-    **extra: Any,
-) -> JSONResponse:
-    body: dict[str, Any] = {"type": PROBLEM_BASE + slug, "title": title, "status": status}
-    if detail is not None:
-        body["detail"] = detail
-    if instance is not None:
-        body["instance"] = instance
-    body.update(extra)
-    return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
+
+def not_found(detail: str) -> ProblemError:
+    return ProblemError(404, "not-found", "Not found", detail)
+
+
+def unauthorized(detail: str, challenge: str) -> ProblemError:
+    """401 with the WWW-Authenticate challenge that says which credentials to send."""
+    return ProblemError(
+        401, "unauthorized", "Unauthorized", detail, headers={"WWW-Authenticate": challenge}
+    )
+
+
+def too_many_attempts(retry_after: int) -> ProblemError:
+    return ProblemError(
+        429,
+        "too-many-attempts",
+        "Too many failed attempts",
+        f"too many wrong credentials; try again in {retry_after} s",
+        headers={"Retry-After": str(retry_after)},
+    )
 
 
 def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -33,7 +33,7 @@ from pydantic import SecretStr
 
 from mailbag import log
 from mailbag.api.deps import NowDep, ServicesDep
-from mailbag.api.problems import ProblemError, documented
+from mailbag.api.problems import ProblemError, documented, not_found, unauthorized
 from mailbag.domain.events import InvalidPayload, ProviderEvent
 from mailbag.keys import secret_matches
 from mailbag.providers.brevo_events import parse_brevo_events
@@ -122,15 +122,9 @@ def _offered_secret(request: Request) -> str | None:
 
 def _check_secret(request: Request, secret: SecretStr | None, provider: str) -> None:
     if secret is None:  # not configured: the endpoint does not exist
-        raise ProblemError(404, "not-found", "Not found", f"{provider} webhooks are not enabled")
+        raise not_found(f"{provider} webhooks are not enabled")
     if not secret_matches(_offered_secret(request), secret):
-        raise ProblemError(
-            401,
-            "unauthorized",
-            "Unauthorized",
-            "wrong or missing webhook secret",
-            headers={"WWW-Authenticate": f'Basic realm="mailbag {provider}"'},
-        )
+        raise unauthorized("wrong or missing webhook secret", f'Basic realm="mailbag {provider}"')
 
 
 def _invalid(title: str, problem: Exception) -> ProblemError:
