@@ -11,7 +11,7 @@ from sqlalchemy import select
 from api_helpers import api_client, new_tenant
 from mailbag.domain.delivery import Ambiguous, Rejected
 from mailbag.domain.states import Action
-from mailbag.domain.verification import VState, digest, v_can_move
+from mailbag.domain.verification import VERIFICATIONS, VState, digest
 from mailbag.store import outbox as store
 from mailbag.store.plan import run_async
 from mailbag.store.schema import email_verifications, idempotency_records, verification_events
@@ -74,7 +74,7 @@ async def test_request_send_confirm_and_replay(db, async_engine):
     assert history == ["created", "send_pending", "sent", "verified"]
     sources = [None, *history[:-1]]
     assert all(
-        v_can_move(VState(a) if a else None, VState(b))
+        VERIFICATIONS.can_move(VState(a) if a else None, VState(b))
         for a, b in zip(sources, history, strict=True)
     )
 
@@ -301,7 +301,6 @@ async def test_a_suppressed_address_fails_its_verification_at_once(db):
         run_plan(
             conn,
             suppressions.add(
-                db.dialect,
                 tenant_id=tenant_id,
                 email="new.user@example.com",
                 reason="hard_bounce",

@@ -69,8 +69,8 @@ def test_every_finalize_starts_from_processing():
 
 
 def test_release_returns_to_where_the_message_came_from():
-    assert states.release_target(0) is Status.PENDING
-    assert states.release_target(2) is Status.RETRYING
+    assert states.MESSAGES.target_for(Action.RELEASE, {"attempt_count": 0}) is Status.PENDING
+    assert states.MESSAGES.target_for(Action.RELEASE, {"attempt_count": 2}) is Status.RETRYING
     assert states.targets(Action.RELEASE) == {Status.PENDING, Status.RETRYING}
 
 

@@ -1,13 +1,15 @@
 """The states of an outbox message and every transition between them, as one table of data.
 
-The store derives the guard of each conditional UPDATE from this table, and the tests check
-every row the store touches against it, so the rules live here and nowhere else.
+The store derives the guard of each conditional UPDATE and the state each change lands in
+from this table (see machine.py), and the tests check every row the store touches against
+it, so the rules live here and nowhere else.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
+
+from mailbag.domain.machine import Counted, Machine, Transition
 
 
 class Status(StrEnum):
@@ -39,16 +41,14 @@ class Action(StrEnum):
     FLAG = "flag"  # no evidence came in time: an operator has to decide
 
 
-@dataclass(frozen=True)
-class Transition:
-    source: Status | None  # None: the message is being created
-    action: Action
-    target: Status
-
-
 S, A = Status, Action
+# A released message goes back to where it was claimed from, judged by its history.
+NEVER_ATTEMPTED, ATTEMPTED = (
+    Counted("attempt_count", positive=False),
+    Counted("attempt_count", True),
+)
 
-TRANSITIONS: tuple[Transition, ...] = (
+TRANSITIONS: tuple[Transition[Status, Action], ...] = (
     Transition(None, A.ENQUEUE, S.PENDING),
     Transition(None, A.SUPPRESS, S.FAILED),
     Transition(S.PENDING, A.CLAIM, S.PROCESSING),
@@ -58,8 +58,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.PROCESSING, A.FAIL, S.FAILED),
     Transition(S.PROCESSING, A.BURY, S.DEAD),
     Transition(S.PROCESSING, A.MARK_UNKNOWN, S.UNKNOWN),
-    Transition(S.PROCESSING, A.RELEASE, S.PENDING),
-    Transition(S.PROCESSING, A.RELEASE, S.RETRYING),
+    Transition(S.PROCESSING, A.RELEASE, S.PENDING, when=NEVER_ATTEMPTED),
+    Transition(S.PROCESSING, A.RELEASE, S.RETRYING, when=ATTEMPTED),
     Transition(S.PROCESSING, A.EXPIRE, S.UNKNOWN),
     Transition(S.UNKNOWN, A.REQUEUE, S.PENDING),
     Transition(S.DEAD, A.REQUEUE, S.PENDING),
@@ -69,35 +69,10 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.UNKNOWN, A.FLAG, S.UNKNOWN),
 )
 
-CLAIMABLE: frozenset[Status] = frozenset({S.PENDING, S.RETRYING})
+MESSAGES: Machine[Status, Action] = Machine(TRANSITIONS)
+sources, targets, target = MESSAGES.sources, MESSAGES.targets, MESSAGES.target
+is_allowed, can_move = MESSAGES.is_allowed, MESSAGES.can_move
+
+CLAIMABLE: frozenset[Status] = sources(A.CLAIM)
 TERMINAL: frozenset[Status] = frozenset({S.SENT, S.FAILED, S.DEAD, S.CANCELLED})
 NEEDS_DECISION: frozenset[Status] = frozenset({S.UNKNOWN})
-
-
-def sources(action: Action) -> frozenset[Status]:
-    """The states an action may start from: the guard of its conditional UPDATE."""
-    return frozenset(t.source for t in TRANSITIONS if t.action is action and t.source is not None)
-
-
-def targets(action: Action) -> frozenset[Status]:
-    return frozenset(t.target for t in TRANSITIONS if t.action is action)
-
-
-def target(action: Action) -> Status:
-    """The single state an action leads to; RELEASE, whose target depends on history, has none."""
-    (only,) = targets(action)
-    return only
-
-
-def is_allowed(source: Status | None, action: Action, target_: Status) -> bool:
-    return Transition(source, action, target_) in TRANSITIONS
-
-
-def can_move(source: Status | None, target_: Status) -> bool:
-    """Whether any action moves a message from source to target."""
-    return any(t.source == source and t.target == target_ for t in TRANSITIONS)
-
-
-def release_target(attempts_done: int) -> Status:
-    """A released message goes back to where it was claimed from, judged by its history."""
-    return S.RETRYING if attempts_done > 0 else S.PENDING

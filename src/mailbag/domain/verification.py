@@ -29,6 +29,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
+from mailbag.domain.machine import Machine, Transition
 from mailbag.domain.message import Message
 from mailbag.domain.states import Status
 
@@ -54,32 +55,27 @@ class VAction(StrEnum):
     EXPIRE = "expire"
 
 
-@dataclass(frozen=True)
-class VTransition:
-    source: VState | None
-    action: VAction
-    target: VState
-
-
 V, VA = VState, VAction
 UNFINISHED = (V.CREATED, V.SEND_PENDING, V.SENT, V.SEND_FAILED)
 
-V_TRANSITIONS: tuple[VTransition, ...] = (
-    VTransition(None, VA.CREATE, V.CREATED),
-    VTransition(V.CREATED, VA.ENQUEUE, V.SEND_PENDING),
-    VTransition(V.CREATED, VA.SUPPRESSED, V.SEND_FAILED),
-    VTransition(V.SEND_PENDING, VA.MESSAGE_SENT, V.SENT),
-    VTransition(V.SEND_PENDING, VA.MESSAGE_FAILED, V.SEND_FAILED),
-    VTransition(V.SEND_FAILED, VA.MESSAGE_REQUEUED, V.SEND_PENDING),
-    VTransition(V.SEND_PENDING, VA.RESEND, V.SEND_PENDING),
-    VTransition(V.SENT, VA.RESEND, V.SEND_PENDING),
-    VTransition(V.SEND_FAILED, VA.RESEND, V.SEND_PENDING),
+TRANSITIONS: tuple[Transition[VState, VAction], ...] = (
+    Transition(None, VA.CREATE, V.CREATED),
+    Transition(V.CREATED, VA.ENQUEUE, V.SEND_PENDING),
+    Transition(V.CREATED, VA.SUPPRESSED, V.SEND_FAILED),
+    Transition(V.SEND_PENDING, VA.MESSAGE_SENT, V.SENT),
+    Transition(V.SEND_PENDING, VA.MESSAGE_FAILED, V.SEND_FAILED),
+    Transition(V.SEND_FAILED, VA.MESSAGE_REQUEUED, V.SEND_PENDING),
+    Transition(V.SEND_PENDING, VA.RESEND, V.SEND_PENDING),
+    Transition(V.SENT, VA.RESEND, V.SEND_PENDING),
+    Transition(V.SEND_FAILED, VA.RESEND, V.SEND_PENDING),
     # Holding the token proves the email arrived, whatever the outbox concluded.
-    VTransition(V.SEND_PENDING, VA.CONFIRM, V.VERIFIED),
-    VTransition(V.SENT, VA.CONFIRM, V.VERIFIED),
-    VTransition(V.SEND_FAILED, VA.CONFIRM, V.VERIFIED),
-    *(VTransition(state, VA.EXPIRE, V.EXPIRED) for state in UNFINISHED),
+    Transition(V.SEND_PENDING, VA.CONFIRM, V.VERIFIED),
+    Transition(V.SENT, VA.CONFIRM, V.VERIFIED),
+    Transition(V.SEND_FAILED, VA.CONFIRM, V.VERIFIED),
+    *(Transition(state, VA.EXPIRE, V.EXPIRED) for state in UNFINISHED),
 )
+
+VERIFICATIONS: Machine[VState, VAction] = Machine(TRANSITIONS)
 
 # At most one of these per (tenant, email): enforced by a (partial) unique index.
 ACTIVE: frozenset[VState] = frozenset({V.CREATED, V.SEND_PENDING, V.SENT})
@@ -93,19 +89,6 @@ FOLLOWS: dict[Status, VAction] = {
     Status.DEAD: VA.MESSAGE_FAILED,
     Status.PENDING: VA.MESSAGE_REQUEUED,
 }
-
-
-def v_sources(action: VAction) -> frozenset[VState]:
-    return frozenset(t.source for t in V_TRANSITIONS if t.action is action and t.source)
-
-
-def v_target(action: VAction) -> VState:
-    (only,) = {t.target for t in V_TRANSITIONS if t.action is action}
-    return only
-
-
-def v_can_move(source: VState | None, target: VState) -> bool:
-    return any(t.source == source and t.target == target for t in V_TRANSITIONS)
 
 
 # The purpose the token key is derived for (keys.derive(deployment key, TOKEN_PURPOSE)).

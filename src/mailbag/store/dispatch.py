@@ -23,7 +23,6 @@ from sqlalchemy import (
     update,
 )
 
-from mailbag.domain import states
 from mailbag.domain.message import Message, truncate_error
 from mailbag.domain.states import Action, Status
 from mailbag.store.database import Dialect
@@ -31,15 +30,15 @@ from mailbag.store.message_transitions import (
     CLAIM_CLEARED,
     LAST_ERROR,
     Changed,
-    EventSpec,
     Settled,
-    apply,
+    message_from_row,
     om,
     settled_from_row,
     transition,
 )
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import message_events
+from mailbag.store.transition import EventSpec
 from mailbag.store.types import UTCDateTime
 
 # MariaDB's generated stand-in for the partial claim index (see schema.py).
@@ -82,7 +81,7 @@ FINALIZE_ACTIONS = frozenset(
 
 _FINALIZE_EVENTS: dict[Action, EventSpec] = {
     Action.MARK_SENT: EventSpec(),
-    Action.RELEASE: EventSpec(attempt_offset=1, text="released unsent; no attempt spent"),
+    Action.RELEASE: EventSpec(offset=1, text="released unsent; no attempt spent"),
 }
 
 
@@ -103,9 +102,9 @@ def claim(
     changed = yield from transition(
         dialect,
         Action.CLAIM,
+        as_row=message_from_row,
         where=due,
         values={
-            "status": Status.PROCESSING.value,
             "claim_token": token,
             "claimed_by": worker_id,
             "claimed_at": now,
@@ -116,7 +115,7 @@ def claim(
         order_by=order,
         limit=limit,
         skip_locked=True,
-        event=EventSpec(attempt_offset=1),
+        event=EventSpec(offset=1),
     )
     claimed = sorted((c.message for c in changed), key=lambda m: (m.next_attempt_at, m.id))
     return Claim(token, claimed)
@@ -169,7 +168,7 @@ def finalize(
     for (action, keep_attempt), group in groups.items():
         ids = [o.message_id for o in group]
         values = _finalize_values(action, keep_attempt, group, now, provider)
-        changed += yield from apply(
+        changed += yield from transition(
             dialect,
             action,
             as_row=settled_from_row,
@@ -178,7 +177,7 @@ def finalize(
             now=now,
             actor=actor,
             event=_FINALIZE_EVENTS.get(action)
-            or (EventSpec(attempt_offset=1, column="last_error") if keep_attempt else LAST_ERROR),
+            or (EventSpec(offset=1, column="last_error") if keep_attempt else LAST_ERROR),
         )
     done = {c.message.id for c in changed}
     return Finalized(changed, [o.message_id for o in outcomes if o.message_id not in done])
@@ -197,12 +196,7 @@ def _finalize_values(
         "attempt_count": om.c.attempt_count + (1 if spends_attempt else 0),
     }
     if action is Action.RELEASE:
-        values["status"] = case(
-            (om.c.attempt_count > 0, literal_column(f"'{Status.RETRYING.value}'")),
-            else_=literal_column(f"'{Status.PENDING.value}'"),
-        )
         return values
-    values["status"] = states.target(action).value
     values["provider"] = provider
     errors = {o.message_id: truncate_error(o.error) for o in group}
     provider_ids = {o.message_id: o.provider_message_id for o in group}
@@ -255,9 +249,9 @@ def sweep_expired(
         yield from transition(
             dialect,
             Action.EXPIRE,
+            as_row=message_from_row,
             where=om.c.lease_expires_at < now,
             values={
-                "status": Status.UNKNOWN.value,
                 "attempt_count": om.c.attempt_count + 1,
                 "claim_token": None,
                 "lease_expires_at": None,

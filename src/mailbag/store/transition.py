@@ -1,4 +1,9 @@
-"""The one mechanism every state change goes through: a guarded UPDATE that reports, for
+"""The one mechanism every state change goes through, for messages and verifications alike.
+
+`apply_transition` moves the rows of a `Tracked` table that an action allows, as the
+domain's `Machine` says: the guard is the action's source states, the new state is its
+target (or one `CASE` built from the transitions' conditions), and each move is recorded in
+the table's history with the same transaction. It is a guarded UPDATE that reports, for
 each row it changed, the row as it is now and the state it left.
 
 Dialects differ here and nowhere else:
@@ -9,17 +14,42 @@ Dialects differ here and nowhere else:
   BEGIN IMMEDIATE transaction (one writer at a time, so nothing runs in between);
 - MariaDB/MySQL (no `UPDATE ... RETURNING`): `SELECT ... FOR UPDATE [SKIP LOCKED]`, the
   conditional `UPDATE` of the locked ids, then a read of the result, in one transaction.
+
+On PostgreSQL the history rows are written by the same statement (a data-modifying CTE);
+elsewhere by one executemany of one cached INSERT in the same transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
 
-from sqlalchemy import ColumnElement, Row, Table, and_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Insert,
+    Row,
+    String,
+    Table,
+    and_,
+    case,
+    func,
+    insert,
+    literal,
+    literal_column,
+    select,
+    update,
+)
 
+from mailbag.domain.machine import Machine
+from mailbag.domain.message import ERROR_MAX, truncate_error
 from mailbag.store.database import Dialect
 from mailbag.store.plan import Plan, Step
+
+S = TypeVar("S", bound=StrEnum)
+A = TypeVar("A", bound=StrEnum)
 
 # How many due rows a MariaDB claimer looks at for each row it wants: several claimers read
 # the same head of the queue, and each locks what the others have not.
@@ -114,3 +144,180 @@ def guarded_update(
         yield Step(guarded)
         rows = (yield Step(select(*wanted).where(key.in_(list(previous))))).all()
     return [(row, previous[row.id]) for row in rows]
+
+
+@dataclass(frozen=True)
+class Tracked(Generic[S, A]):
+    """A table whose rows move through a domain machine, and the table recording each move:
+    (`subject`, `from_state`, `to_state`, at, actor, detail, and `copied` columns taken from
+    the changed row; `counter` = (history column, row column) adds a count such as the
+    attempt number)."""
+
+    table: Table
+    state: str
+    machine: Machine[S, A]
+    history: Table
+    subject: str
+    from_state: str
+    to_state: str
+    copied: Mapping[str, str] = field(default_factory=dict)
+    counter: tuple[str, str] | None = None
+
+    def in_states(self, states: Iterable[S]) -> ColumnElement[bool]:
+        # Literals, not bound parameters: PostgreSQL can only match a partial index whose
+        # predicate it can prove from the query text, including under generic prepared plans.
+        column = self.table.c[self.state]
+        return column.in_([_quoted(s) for s in sorted(states)])
+
+    def target_sql(self, action: A) -> ColumnElement[Any]:
+        """The state `action` moves a row to, in SQL, from the machine's table."""
+        choices = self.machine.choices(action)
+        if not choices:
+            return _quoted(self.machine.target(action))
+        whens = [
+            (
+                self.table.c[when.column] > 0 if when.positive else self.table.c[when.column] == 0,
+                _quoted(state),
+            )
+            for when, state in choices
+        ]
+        return case(*whens[:-1], else_=whens[-1][1])
+
+
+def _quoted(state: StrEnum) -> ColumnElement[Any]:
+    return literal_column(f"'{state.value}'")
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """What a history row says beyond from/to/at/actor, stated so that it can be computed in
+    Python or in SQL from the changed row: detail = `text`, or the row's `column` between
+    `prefix` and `suffix`; the counter (if the table has one) = the row's + `offset`."""
+
+    offset: int = 0
+    text: str | None = None
+    column: str | None = None
+    prefix: str = ""
+    suffix: str = ""
+
+    def detail(self, row: Mapping[Any, Any]) -> str | None:
+        if self.column is None:
+            return truncate_error(self.text)
+        value = row[self.column]
+        if value is None:
+            return None if not self.prefix else f"{self.prefix}?{self.suffix}"
+        return truncate_error(f"{self.prefix}{value}{self.suffix}")
+
+    def detail_sql(self, row: Any, type_: Any) -> ColumnElement[Any]:
+        if self.column is None:
+            return literal(truncate_error(self.text), type_)
+        value = row.c[self.column]
+        if not self.prefix and not self.suffix:
+            return func.substr(value, 1, ERROR_MAX)
+        text = (
+            literal(self.prefix, String())
+            + func.coalesce(value, "?")
+            + literal(self.suffix, String())
+        )
+        return func.substr(text, 1, ERROR_MAX)
+
+
+def history_row(
+    tracked: Tracked[Any, Any],
+    row: Mapping[Any, Any],
+    previous: str | None,
+    *,
+    at: datetime,
+    actor: str,
+    event: EventSpec,
+) -> dict[str, Any]:
+    """The history row of one move (or of a creation, `previous` None), in Python."""
+    entry = {
+        tracked.subject: row["id"],
+        tracked.from_state: previous,
+        tracked.to_state: row[tracked.state],
+        "at": at,
+        "actor": actor[:200],
+        "detail": event.detail(row),
+        **{column: row[source] for column, source in tracked.copied.items()},
+    }
+    if tracked.counter is not None:
+        entry[tracked.counter[0]] = row[tracked.counter[1]] + event.offset
+    return entry
+
+
+def _history_sql(
+    tracked: Tracked[Any, Any], updated: Any, *, at: datetime, actor: str, event: EventSpec
+) -> Insert:
+    """The same history rows, as an INSERT ... SELECT from the changed rows' CTE."""
+    h = tracked.history.c
+    columns: dict[str, ColumnElement[Any]] = {
+        tracked.subject: updated.c.id,
+        tracked.from_state: updated.c.previous_state,
+        tracked.to_state: updated.c[tracked.state],
+        "at": literal(at, h.at.type),
+        "actor": literal(actor[:200], String()),
+        "detail": event.detail_sql(updated, h.detail.type),
+        **{column: updated.c[source] for column, source in tracked.copied.items()},
+    }
+    if tracked.counter is not None:
+        columns[tracked.counter[0]] = updated.c[tracked.counter[1]] + event.offset
+    return insert(tracked.history).from_select(list(columns), select(*columns.values()))
+
+
+def record(tracked: Tracked[Any, Any], rows: Sequence[Mapping[str, Any]]) -> Plan[None]:
+    """Append history rows: one executemany of a cached INSERT (psycopg pipelines it), never
+    a statement compiled anew for each batch."""
+    if rows:
+        yield Step(_insert_into(tracked.history), list(rows))
+
+
+_INSERTS: dict[str, Insert] = {}
+
+
+def _insert_into(table: Table) -> Insert:
+    return _INSERTS.setdefault(table.name, insert(table))
+
+
+def apply_transition(
+    dialect: Dialect,
+    tracked: Tracked[S, A],
+    action: A,
+    *,
+    where: ColumnElement[bool],
+    values: Mapping[str, Any],
+    now: datetime,
+    actor: str,
+    order_by: Sequence[ColumnElement[Any]] = (),
+    limit: int | None = None,
+    skip_locked: bool = False,
+    event: EventSpec = EventSpec(),
+    columns: Sequence[str] | None = None,
+) -> Plan[list[tuple[Row[Any], str]]]:
+    """Move the rows matching `where` that `action` allows to the action's target, apply
+    `values`, and record each move; return (row as it is now, state it left) pairs."""
+    changed = yield from guarded_update(
+        dialect,
+        tracked.table,
+        state=tracked.state,
+        guard=and_(tracked.in_states(tracked.machine.sources(action)), where),
+        values={tracked.state: tracked.target_sql(action), "updated_at": now, **values},
+        order_by=order_by,
+        limit=limit,
+        skip_locked=skip_locked,
+        log=(
+            (lambda updated: _history_sql(tracked, updated, at=now, actor=actor, event=event))
+            if dialect == "postgresql"
+            else None
+        ),
+        columns=columns,
+    )
+    if changed and dialect != "postgresql":
+        yield from record(
+            tracked,
+            [
+                history_row(tracked, row._mapping, previous, at=now, actor=actor, event=event)
+                for row, previous in changed
+            ],
+        )
+    return changed

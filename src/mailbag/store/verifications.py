@@ -1,4 +1,5 @@
-"""Email verifications: each state change is a guarded UPDATE with an event, like messages."""
+"""Email verifications: each state change goes through the same door as a message's
+(`transition.apply_transition`), guarded and targeted by the verification machine."""
 
 from __future__ import annotations
 
@@ -7,27 +8,38 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Row, and_, func, insert, literal_column, select, update
+from sqlalchemy import ColumnElement, Row, func, insert, select, update
 
-from mailbag.domain.message import truncate_error
 from mailbag.domain.states import Status
 from mailbag.domain.verification import (
     ACTIVE,
     FOLLOWS,
     UNFINISHED,
+    VERIFICATIONS,
     VAction,
     VState,
-    v_sources,
-    v_target,
 )
 from mailbag.store.database import Dialect
-from mailbag.store.message_transitions import Changed
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import email_verifications as ev
 from mailbag.store.schema import tenants, verification_events, verification_sends
-from mailbag.store.transition import guarded_update
+from mailbag.store.transition import EventSpec, Tracked, apply_transition, history_row, record
+
+if TYPE_CHECKING:  # message_transitions calls this module: no import cycle at run time
+    from mailbag.store.message_transitions import Changed
+
+VERIFICATION_ROWS: Tracked[VState, VAction] = Tracked(
+    table=ev,
+    state="state",
+    machine=VERIFICATIONS,
+    history=verification_events,
+    subject="verification_id",
+    from_state="from_state",
+    to_state="to_state",
+    copied={"message_id": "message_id"},
+)
 
 
 @dataclass(frozen=True)
@@ -56,24 +68,6 @@ def _verification(row: Row[Any]) -> Verification:
     return Verification(**values)
 
 
-def _in_states(states: frozenset[VState]) -> ColumnElement[bool]:
-    return ev.c.state.in_([literal_column(f"'{s.value}'") for s in sorted(states)])
-
-
-def _event(
-    v: Verification, previous: VState | None, at: datetime, actor: str, detail: str | None
-) -> dict[str, Any]:
-    return {
-        "verification_id": v.id,
-        "from_state": previous.value if previous else None,
-        "to_state": v.state.value,
-        "at": at,
-        "actor": actor[:200],
-        "message_id": v.message_id,
-        "detail": truncate_error(detail),
-    }
-
-
 def create(values: Mapping[str, Any], *, now: datetime, actor: str) -> Plan[Verification]:
     """Insert a new verification in `created`; raises IntegrityError if one is active."""
     row = {
@@ -87,9 +81,11 @@ def create(values: Mapping[str, Any], *, now: datetime, actor: str) -> Plan[Veri
         "verified_at": None,
     }
     yield Step(insert(ev).values(row))
-    created = Verification(**{**row, "state": VState.CREATED})
-    yield Step(insert(verification_events).values(_event(created, None, now, actor, None)))
-    return created
+    yield from record(
+        VERIFICATION_ROWS,
+        [history_row(VERIFICATION_ROWS, row, None, at=now, actor=actor, event=EventSpec())],
+    )
+    return Verification(**{**row, "state": VState.CREATED})
 
 
 def transition(
@@ -103,20 +99,17 @@ def transition(
     detail: str | None = None,
 ) -> Plan[list[Verification]]:
     """Move the verifications matching `where` that `action` allows, and log each move."""
-    updated = yield from guarded_update(
+    moved = yield from apply_transition(
         dialect,
-        ev,
-        state="state",
-        guard=and_(_in_states(v_sources(action)), where),
-        values={"state": v_target(action).value, "updated_at": now, **(values or {})},
+        VERIFICATION_ROWS,
+        action,
+        where=where,
+        values=values or {},
+        now=now,
+        actor=actor,
+        event=EventSpec(text=detail),
     )
-    moved = [(_verification(row), VState(previous)) for row, previous in updated]
-    if moved:
-        yield Step(
-            insert(verification_events),
-            [_event(v, previous, now, actor, detail) for v, previous in moved],
-        )
-    return [v for v, _ in moved]
+    return [_verification(row) for row, _ in moved]
 
 
 def follow_messages(
@@ -154,7 +147,7 @@ def count_wrong_token(verification_id: uuid.UUID, now: datetime) -> Plan[None]:
     """A wrong confirmation token: one attempt fewer (not a transition, so no event)."""
     yield Step(
         update(ev)
-        .where(ev.c.id == verification_id, _in_states(frozenset(UNFINISHED)))
+        .where(ev.c.id == verification_id, VERIFICATION_ROWS.in_states(UNFINISHED))
         .values(confirm_attempts=ev.c.confirm_attempts + 1, updated_at=now)
     )
 
@@ -166,7 +159,9 @@ def get(verification_id: uuid.UUID, tenant_id: str) -> Plan[Verification | None]
 
 
 def active_for(tenant_id: str, email: str) -> Plan[Verification | None]:
-    query = select(ev).where(ev.c.tenant_id == tenant_id, ev.c.email == email, _in_states(ACTIVE))
+    query = select(ev).where(
+        ev.c.tenant_id == tenant_id, ev.c.email == email, VERIFICATION_ROWS.in_states(ACTIVE)
+    )
     row = (yield Step(query)).first()
     return _verification(row) if row else None
 
