@@ -176,7 +176,7 @@ async def test_a_slow_live_send_keeps_its_lease(db, async_engine):
     worker = make_worker(db, async_engine, provider, lease=timedelta(seconds=0.6))
     await run_worker_until(worker, all_in(db, Status.SENT, total=1))
     assert get(db, mid).status == Status.SENT
-    assert worker.stats["swept"] == 0
+    assert worker.report.stats["swept"] == 0
 
 
 async def test_a_stale_finalize_changes_nothing_and_is_logged(db, async_engine, capsys):
@@ -200,7 +200,7 @@ async def test_a_stale_finalize_changes_nothing_and_is_logged(db, async_engine, 
         return True
 
     await run_worker_until(worker, swept_behind_its_back)
-    await run_worker_until(worker, lambda: worker.stats["stale"] == 1)
+    await run_worker_until(worker, lambda: worker.report.stats["stale"] == 1)
     row = get(db, mid)
     assert row.status == Status.UNKNOWN and row.provider_message_id is None
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if "stale" in line]

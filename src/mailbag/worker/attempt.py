@@ -39,9 +39,9 @@ from mailbag.domain.delivery import (
 )
 from mailbag.domain.message import Message
 from mailbag.providers.base import Provider
+from mailbag.providers.kit import describe
 from mailbag.templates import Catalog, TemplateError
 from mailbag.worker.config import WorkerConfig
-from mailbag.worker.failures import describe
 
 
 class Progress(Protocol):

@@ -32,6 +32,8 @@ from mailbag.store.message_transitions import Changed
 from mailbag.store.plan import run_async
 from mailbag.worker.ledger import Decided
 
+Written = list[tuple[list[Decided], Finalized]]  # each claim's decisions, and what became of them
+
 
 class WorkerDatabase:
     def __init__(
@@ -65,19 +67,17 @@ class WorkerDatabase:
                 ),
             )
 
-    async def finalize(self, batch: Sequence[Decided]) -> list[tuple[list[Decided], Finalized]]:
+    async def finalize(self, batch: Sequence[Decided]) -> Written:
         """Write a batch of decisions; each claim's items with what the store made of them."""
         by_token: dict[uuid.UUID, list[Decided]] = defaultdict(list)
         for item in batch:
             by_token[item.token].append(item)
         return await within(self.timeout, self._finalize(by_token))
 
-    async def _finalize(
-        self, by_token: Mapping[uuid.UUID, list[Decided]]
-    ) -> list[tuple[list[Decided], Finalized]]:
+    async def _finalize(self, by_token: Mapping[uuid.UUID, list[Decided]]) -> Written:
         async with self.engine.begin() as conn:
             now = self.clock()
-            results = []
+            results: Written = []
             for token, items in by_token.items():
                 finalized = await run_async(
                     conn,

@@ -1,6 +1,6 @@
 """How the worker meets failure: which errors mean "the database is away, wait and try
-again" (`DB_ERRORS`), how long to wait (`Backoff`), how an error is told in one log line
-(`describe`), and what `Worker.run` raises when one of its side tasks died (`WorkerFailed`).
+again" (`DB_ERRORS`), how long to wait (`Backoff`), and what `Worker.run` raises when one
+of its side tasks died (`WorkerFailed`).
 
 Anything that is not a `DB_ERRORS` is a bug: it is never retried, it ends the task it
 happened in, and a side task that ends stops the worker (see supervisor.py).
@@ -30,12 +30,3 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
-
-
-def describe(exc: BaseException) -> str:
-    """An exception in one line: its class and the first line of its message, capped.
-
-    Driver messages can be long, and never include secrets we pass (URLs are not part of
-    SQLAlchemy's error text)."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}"[:500]

@@ -15,7 +15,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-from mailbag.worker.failures import describe
+from mailbag.providers.kit import describe
 
 ByToken = Mapping[uuid.UUID, list[uuid.UUID]]
 
@@ -36,9 +36,10 @@ class LeaseKeeper:
         self.retry_on, self.log, self.name = retry_on, log, name
         self.task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> LeaseKeeper:
+    async def __aenter__(self) -> asyncio.Task[None]:
+        """Start renewing; the task is returned for a supervisor to watch."""
         self.task = asyncio.create_task(self.run(), name=self.name)
-        return self
+        return self.task
 
     async def __aexit__(
         self,

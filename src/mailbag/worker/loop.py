@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import random
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -25,15 +23,16 @@ from mailbag.domain.delivery import Decision, Disabled, SendOutcome
 from mailbag.domain.message import Message
 from mailbag.domain.states import Action
 from mailbag.providers.base import Provider
-from mailbag.store.dispatch import Finalized
+from mailbag.providers.kit import describe
 from mailbag.templates import Catalog
 from mailbag.worker.attempt import Sender, chunks
 from mailbag.worker.config import PeriodicJob, WorkerConfig
-from mailbag.worker.database import WorkerDatabase
-from mailbag.worker.failures import DB_ERRORS, Backoff, describe
+from mailbag.worker.database import WorkerDatabase, Written
+from mailbag.worker.failures import DB_ERRORS, Backoff
 from mailbag.worker.leases import LeaseKeeper
 from mailbag.worker.ledger import BACKLOG_FACTOR, Decided, Ledger
-from mailbag.worker.supervisor import SideTasks
+from mailbag.worker.report import Report
+from mailbag.worker.supervisor import SideTasks, run_regularly
 from mailbag.worker.writer import OutcomeWriter
 
 FINALIZER = "mailbag-finalizer"
@@ -65,8 +64,7 @@ class Worker:
         )
         self.sender = Sender(provider, catalog, config, clock, rng or random.Random(), self.log)
         self.ledger = Ledger(config.concurrency)
-        self.writer: OutcomeWriter[Decided, list[tuple[list[Decided], Finalized]]]
-        self.writer = OutcomeWriter(
+        self.writer: OutcomeWriter[Decided, Written] = OutcomeWriter(
             self.database.finalize,
             self._written,
             # Never reached in practice (claiming stops at the backlog): a bound, not a goal.
@@ -84,7 +82,7 @@ class Worker:
         self.db_backoff = Backoff(*config.db_backoff)
         self.disabled_backoff = Backoff(*config.disabled_backoff)
         self.last_sweep = 0.0
-        self.stats: dict[str, int] = defaultdict(int)
+        self.report = Report(self.log, provider.name)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Dispatch until `stop` is set, then drain and return. May be called again after.
@@ -116,7 +114,7 @@ class Worker:
             finally:
                 unsubscribe()
                 await self._drain()
-        self.log.info("worker_stopped", **self.stats)
+        self.log.info("worker_stopped", **self.report.stats)
         if self.side_tasks.failure is not None:
             raise self.side_tasks.failure
 
@@ -132,12 +130,11 @@ class Worker:
             retry_on=DB_ERRORS,
             log=self.log,
         )
-        async with keeper:
-            assert keeper.task is not None
-            side.watch(keeper.task)
+        async with keeper as leases:
+            side.watch(leases)
             side.watch(self.writer.start())
             for job in self.jobs:
-                side.start(job.name, self._run_regularly(job))
+                side.start(job.name, run_regularly(job, self.clock, self.log))
             if self.listen_url is not None and self.database.can_listen():
                 side.start(
                     "mailbag-listen", self.database.listen(self.listen_url, self.wake.set, self.log)
@@ -168,7 +165,7 @@ class Worker:
             self.paused_until = time.monotonic() + delay
             return False
         if claim.messages:
-            self.stats["claimed"] += len(claim.messages)
+            self.report.stats["claimed"] += len(claim.messages)
             self._dispatch(claim.token, claim.messages)
         return len(claim.messages) == limit
 
@@ -180,18 +177,9 @@ class Worker:
         swept = await self.database.sweep()
         self.last_sweep = time.monotonic()
         if swept:
-            metrics.LEASE_EXPIRATIONS.inc(len(swept))
+            self.report.swept(swept)
             again = await self.database.expired_again([c.message.id for c in swept])
-            metrics.LEASE_EXPIRED_AGAIN.inc(len(again))
-        for changed in swept:
-            self.stats["swept"] += 1
-            self.log.warning(
-                "lease_expired",
-                message_id=str(changed.message.id),
-                attempt=changed.message.attempt_count,
-                claimed_by=changed.message.claimed_by,
-                transition="processing->unknown",
-            )
+            self.report.expired_again(len(again))
 
     async def _wait_for_work(self, stop: asyncio.Event) -> None:
         """Sleep until woken (NOTIFY, an in-process enqueue, a freed slot) or the poll is due."""
@@ -236,65 +224,12 @@ class Worker:
             self.disabled_backoff.reset()
         self.writer.put(self.ledger.decided(message, decision))
 
-    # --- what the writer reports ---------------------------------------------------------
-
-    def _written(
-        self, batch: list[Decided], results: list[tuple[list[Decided], Finalized]]
-    ) -> None:
+    def _written(self, batch: list[Decided], results: Written) -> None:
+        """The writer wrote `batch`: forget it, and tell what became of it."""
         self.ledger.written(batch)
-        for items, result in results:
-            self._log_finalized(items, result)
+        self.report.written(results)
 
-    def _log_finalized(self, items: Sequence[Decided], result: Finalized) -> None:
-        stale = set(result.stale)
-        for item in items:
-            decision = item.decision
-            if item.message.id in stale:
-                self.stats["stale"] += 1
-                metrics.STALE_FINALIZES.inc()
-                # Someone else owns this row now (our lease expired and it was swept or
-                # re-claimed): record what we knew, loudly, and change nothing.
-                self.log.error(
-                    "stale_finalize",
-                    message_id=str(item.message.id),
-                    attempt=item.message.attempt,
-                    outcome=decision.action.value,
-                    provider_message_id=decision.provider_message_id,
-                    error=decision.error,
-                )
-                continue
-            self.stats[decision.action.value] += 1
-        per_message_lines = log.enabled(logging.INFO)
-        for changed in result.changed:
-            counter = metrics.OUTCOME_COUNTERS.get(changed.message.status)
-            if counter is not None:
-                counter.labels(self.provider.name, changed.message.template_name).inc()
-            if not per_message_lines:
-                continue
-            self.log.info(
-                "transition",
-                message_id=str(changed.message.id),
-                attempt=changed.message.attempt_count,
-                transition=f"{changed.from_status.value}->{changed.message.status}",
-                provider_message_id=changed.message.provider_message_id,
-                error=changed.message.last_error if changed.message.status != "sent" else None,
-            )
-
-    # --- periodic jobs, shutdown ---------------------------------------------------------
-
-    async def _run_regularly(self, job: PeriodicJob) -> None:
-        """A job the entry point hands in (reconciliation), every so often; its database
-        errors are logged and it runs again next time (anything else is a bug: the job's
-        task dies, and with it the worker)."""
-        while True:
-            await asyncio.sleep(job.every)
-            try:
-                outcome = await job.run(self.clock())
-            except DB_ERRORS as exc:
-                self.log.warning("periodic_job_failed", job=job.name, error=describe(exc))
-                continue
-            if outcome:
-                self.log.info(job.name, **outcome)
+    # --- shutdown ------------------------------------------------------------------------
 
     async def _drain(self) -> None:
         """Stop claiming; finish, finalize or release everything this worker holds.

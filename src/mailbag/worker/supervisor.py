@@ -13,7 +13,10 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from mailbag.worker.failures import WorkerFailed, describe
+from mailbag.clock import Clock
+from mailbag.providers.kit import describe
+from mailbag.worker.config import PeriodicJob
+from mailbag.worker.failures import DB_ERRORS, WorkerFailed
 
 
 class SideTasks:
@@ -50,3 +53,18 @@ class SideTasks:
             task.remove_done_callback(self._ended)  # ended on purpose
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run_regularly(job: PeriodicJob, clock: Clock, log: Any) -> None:
+    """A job the entry point hands in (reconciliation), every so often; its database errors
+    are logged and it runs again next time (anything else is a bug: the job's task dies,
+    and with it the worker)."""
+    while True:
+        await asyncio.sleep(job.every)
+        try:
+            outcome = await job.run(clock())
+        except DB_ERRORS as exc:
+            log.warning("periodic_job_failed", job=job.name, error=describe(exc))
+            continue
+        if outcome:
+            log.info(job.name, **outcome)

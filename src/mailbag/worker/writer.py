@@ -17,7 +17,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from mailbag.worker.failures import Backoff, describe
+from mailbag.providers.kit import describe
+from mailbag.worker.failures import Backoff
 
 T = TypeVar("T")
 R = TypeVar("R")

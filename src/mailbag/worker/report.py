@@ -1,0 +1,76 @@
+"""What the worker tells its operators about the messages it handled: counts (`stats`,
+logged when the worker stops), metrics, a warning per expired lease it swept, an error per
+stale finalize, and one `transition` line per message that changed state (at INFO)."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from mailbag import log, metrics
+from mailbag.store.dispatch import Finalized
+from mailbag.worker.database import Written
+from mailbag.worker.ledger import Decided
+
+
+class Report:
+    def __init__(self, log: Any, provider: str) -> None:
+        self.log, self.provider = log, provider
+        self.stats: dict[str, int] = defaultdict(int)
+
+    def swept(self, changed: Sequence[Any]) -> None:
+        metrics.LEASE_EXPIRATIONS.inc(len(changed))
+        for item in changed:
+            self.stats["swept"] += 1
+            self.log.warning(
+                "lease_expired",
+                message_id=str(item.message.id),
+                attempt=item.message.attempt_count,
+                claimed_by=item.message.claimed_by,
+                transition="processing->unknown",
+            )
+
+    def expired_again(self, count: int) -> None:
+        """`count` of those swept had a lease expire before: a worker keeps dying on them."""
+        metrics.LEASE_EXPIRED_AGAIN.inc(count)
+
+    def written(self, results: Written) -> None:
+        for items, result in results:
+            self._finalized(items, result)
+
+    def _finalized(self, items: Sequence[Decided], result: Finalized) -> None:
+        stale = set(result.stale)
+        for item in items:
+            decision = item.decision
+            if item.message.id in stale:
+                self.stats["stale"] += 1
+                metrics.STALE_FINALIZES.inc()
+                # Someone else owns this row now (our lease expired and it was swept or
+                # re-claimed): record what we knew, loudly, and change nothing.
+                self.log.error(
+                    "stale_finalize",
+                    message_id=str(item.message.id),
+                    attempt=item.message.attempt,
+                    outcome=decision.action.value,
+                    provider_message_id=decision.provider_message_id,
+                    error=decision.error,
+                )
+                continue
+            self.stats[decision.action.value] += 1
+        per_message_lines = log.enabled(logging.INFO)
+        for changed in result.changed:
+            counter = metrics.OUTCOME_COUNTERS.get(changed.message.status)
+            if counter is not None:
+                counter.labels(self.provider, changed.message.template_name).inc()
+            if not per_message_lines:
+                continue
+            self.log.info(
+                "transition",
+                message_id=str(changed.message.id),
+                attempt=changed.message.attempt_count,
+                transition=f"{changed.from_status.value}->{changed.message.status}",
+                provider_message_id=changed.message.provider_message_id,
+                error=changed.message.last_error if changed.message.status != "sent" else None,
+            )
