@@ -7,6 +7,10 @@ migration creates exactly `metadata_for(<its dialect>)`, and a test proves it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
@@ -21,6 +25,7 @@ from sqlalchemy import (
     Uuid,
     text,
 )
+from sqlalchemy.sql.schema import SchemaItem
 
 from mailbag.domain import message as limits
 from mailbag.domain.states import CLAIMABLE, Status
@@ -37,19 +42,48 @@ NAMING = {
 STATUS_LENGTH = 16
 
 
-def _sql_list(statuses: frozenset[Status] | set[Status]) -> str:
-    return ", ".join(f"'{status.value}'" for status in sorted(statuses))
+def _sql_list(states: Iterable[StrEnum]) -> str:
+    return ", ".join(f"'{state.value}'" for state in sorted(states))
 
 
 CLAIMABLE_SQL = f"status IN ({_sql_list(CLAIMABLE)})"
 STATUS_CHECK_SQL = f"status IN ({_sql_list(set(Status))})"
 PROCESSING_SQL = f"status = '{Status.PROCESSING.value}'"
-V_ACTIVE_SQL = "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(ACTIVE)))
-V_STATE_CHECK_SQL = "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(VState)))
+V_ACTIVE_SQL = f"state IN ({_sql_list(ACTIVE)})"
+V_STATE_CHECK_SQL = f"state IN ({_sql_list(set(VState))})"
+
+
+def _table(name: str, md: MetaData, *items: SchemaItem) -> Table:
+    """Every table: InnoDB with full UTF-8 on MariaDB/MySQL."""
+    return Table(name, md, *items, mysql_engine="InnoDB", mysql_charset="utf8mb4")
+
+
+def _where(predicate: str) -> dict[str, Any]:
+    """A partial index's predicate (PostgreSQL and SQLite; MariaDB has generated columns)."""
+    return {"postgresql_where": text(predicate), "sqlite_where": text(predicate)}
+
+
+def _history(
+    md: MetaData, name: str, subject: str, parent: str, states: tuple[str, str], *extra: SchemaItem
+) -> Table:
+    """The record of every move of one kind of row (see store/transition.py)."""
+    from_state, to_state = states
+    return _table(
+        name,
+        md,
+        Column("id", bigint_pk(), primary_key=True, autoincrement=True),
+        Column(subject, Uuid, ForeignKey(f"{parent}.id", ondelete="CASCADE"), nullable=False),
+        Column(from_state, String(STATUS_LENGTH)),
+        Column(to_state, String(STATUS_LENGTH), nullable=False),
+        Column("at", UTCDateTime, nullable=False),
+        Column("actor", String(200), nullable=False),
+        Index(None, subject, "id"),
+        *extra,
+    )
 
 
 def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
-    table = Table(
+    table = _table(
         "outbox_messages",
         md,
         Column("id", Uuid, primary_key=True),
@@ -88,8 +122,6 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         Index(None, "status", "updated_at"),
         Index(None, "provider_message_id"),
         Index(None, "to_address"),
-        mysql_engine="InnoDB",
-        mysql_charset="utf8mb4",
     )
     if _is_mysql(dialect):
         # No partial indexes: index a column that is NULL unless the row is claimable, so the
@@ -108,45 +140,32 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
             "ix_outbox_messages_claimable",
             table.c.next_attempt_at,
             table.c.id,
-            postgresql_where=text(CLAIMABLE_SQL),
-            sqlite_where=text(CLAIMABLE_SQL),
+            **_where(CLAIMABLE_SQL),
         )
         Index(
             "ix_outbox_messages_leased",
             table.c.lease_expires_at,
-            postgresql_where=text(PROCESSING_SQL),
-            sqlite_where=text(PROCESSING_SQL),
+            **_where(PROCESSING_SQL),
         )
     return table
 
 
 def _message_events(md: MetaData) -> Table:
-    return Table(
-        "message_events",
+    return _history(
         md,
-        Column("id", bigint_pk(), primary_key=True, autoincrement=True),
-        Column(
-            "message_id",
-            Uuid,
-            ForeignKey("outbox_messages.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
-        Column("from_status", String(STATUS_LENGTH)),
-        Column("to_status", String(STATUS_LENGTH), nullable=False),
-        Column("at", UTCDateTime, nullable=False),
-        Column("actor", String(200), nullable=False),
+        "message_events",
+        "message_id",
+        "outbox_messages",
+        ("from_status", "to_status"),
         Column("attempt", Integer, nullable=False),
         Column("provider_message_id", String(255)),
         Column("detail", String(limits.ERROR_MAX)),
-        Index(None, "message_id", "id"),
         Index(None, "to_status", "at"),
-        mysql_engine="InnoDB",
-        mysql_charset="utf8mb4",
     )
 
 
 def _tenants(md: MetaData) -> Table:
-    return Table(
+    return _table(
         "tenants",
         md,
         Column("id", String(limits.TENANT_ID_MAX), primary_key=True),
@@ -156,13 +175,11 @@ def _tenants(md: MetaData) -> Table:
         Column("created_at", UTCDateTime, nullable=False),
         Index(None, "name", unique=True),
         Index(None, "api_key_digest", unique=True),
-        mysql_engine="InnoDB",
-        mysql_charset="utf8mb4",
     )
 
 
 def _idempotency_records(md: MetaData) -> Table:
-    return Table(
+    return _table(
         "idempotency_records",
         md,
         Column("id", bigint_pk(), primary_key=True, autoincrement=True),
@@ -177,13 +194,11 @@ def _idempotency_records(md: MetaData) -> Table:
         Column("expires_at", UTCDateTime, nullable=False),
         Index(None, "tenant_id", "idempotency_key", unique=True),
         Index(None, "expires_at"),
-        mysql_engine="InnoDB",
-        mysql_charset="utf8mb4",
     )
 
 
 def _email_verifications(md: MetaData, dialect: str | None) -> Table:
-    table = Table(
+    table = _table(
         "email_verifications",
         md,
         Column("id", Uuid, primary_key=True),
@@ -204,8 +219,6 @@ def _email_verifications(md: MetaData, dialect: str | None) -> Table:
         CheckConstraint(V_STATE_CHECK_SQL, name="state"),
         Index(None, "message_id"),
         Index(None, "tenant_id", "email", "created_at"),
-        mysql_engine="InnoDB",
-        mysql_charset="utf8mb4",
     )
     if _is_mysql(dialect):
         # The partial unique index of the other databases, emulated: NULL (never a
@@ -224,38 +237,26 @@ def _email_verifications(md: MetaData, dialect: str | None) -> Table:
             table.c.tenant_id,
             table.c.email,
             unique=True,
-            postgresql_where=text(V_ACTIVE_SQL),
-            sqlite_where=text(V_ACTIVE_SQL),
+            **_where(V_ACTIVE_SQL),
         )
     return table
 
 
 def _verification_events(md: MetaData) -> Table:
-    return Table(
-        "verification_events",
+    return _history(
         md,
-        Column("id", bigint_pk(), primary_key=True, autoincrement=True),
-        Column(
-            "verification_id",
-            Uuid,
-            ForeignKey("email_verifications.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
-        Column("from_state", String(STATUS_LENGTH)),
-        Column("to_state", String(STATUS_LENGTH), nullable=False),
-        Column("at", UTCDateTime, nullable=False),
-        Column("actor", String(200), nullable=False),
+        "verification_events",
+        "verification_id",
+        "email_verifications",
+        ("from_state", "to_state"),
         Column("message_id", Uuid),
         Column("detail", String(limits.ERROR_MAX)),
-        Index(None, "verification_id", "id"),
-        mysql_engine="InnoDB",
-        mysql_charset="utf8mb4",
     )
 
 
 def _verification_sends(md: MetaData) -> Table:
     """One row per verification email sent: what the send limits count."""
-    return Table(
+    return _table(
         "verification_sends",
         md,
         Column("id", bigint_pk(), primary_key=True, autoincrement=True),
@@ -265,14 +266,12 @@ def _verification_sends(md: MetaData) -> Table:
         Column("at", UTCDateTime, nullable=False),
         Index(None, "tenant_id", "email", "at"),
         Index(None, "tenant_id", "at"),
-        mysql_engine="InnoDB",
-        mysql_charset="utf8mb4",
     )
 
 
 def _provider_events(md: MetaData) -> Table:
     """Delivery events from providers' webhooks, raw payload kept, one row per event."""
-    return Table(
+    return _table(
         "provider_events",
         md,
         Column("id", bigint_pk(), primary_key=True, autoincrement=True),
@@ -293,14 +292,12 @@ def _provider_events(md: MetaData) -> Table:
         Index(None, "message_id"),
         Index(None, "provider_message_id"),
         Index(None, "received_at"),
-        mysql_engine="InnoDB",
-        mysql_charset="utf8mb4",
     )
 
 
 def _suppressions(md: MetaData) -> Table:
     """Addresses a tenant must not send to (hard bounces, complaints, operators' choice)."""
-    return Table(
+    return _table(
         "suppressions",
         md,
         Column("id", bigint_pk(), primary_key=True, autoincrement=True),
@@ -311,8 +308,6 @@ def _suppressions(md: MetaData) -> Table:
         Column("source_event_id", BigInteger),
         Column("created_at", UTCDateTime, nullable=False),
         Index(None, "tenant_id", "email", unique=True),
-        mysql_engine="InnoDB",
-        mysql_charset="utf8mb4",
     )
 
 
@@ -320,7 +315,7 @@ def _console_sessions(md: MetaData) -> Table:
     """Operators logged in to the console. A row is a live session: logout deletes it, so
     it ends on every API replica at once. The id is the digest of the cookie's secret, so a
     database reader cannot take over a session."""
-    return Table(
+    return _table(
         "console_sessions",
         md,
         Column("id_digest", String(64), primary_key=True),  # hex SHA-256 of the secret
@@ -329,8 +324,6 @@ def _console_sessions(md: MetaData) -> Table:
         Column("created_at", UTCDateTime, nullable=False),
         Column("expires_at", UTCDateTime, nullable=False),
         Index(None, "expires_at"),
-        mysql_engine="InnoDB",
-        mysql_charset="utf8mb4",
     )
 
 
@@ -338,15 +331,13 @@ def _deployment(md: MetaData) -> Table:
     """One row about the deployment: a check value of the secret key, recorded by the first
     process to start, so a replica started with another key refuses to (an HMAC under a
     subkey: it says nothing about the key)."""
-    return Table(
+    return _table(
         "deployment",
         md,
         Column("id", Integer, primary_key=True, autoincrement=False),  # always 1
         Column("key_check", String(64), nullable=False),  # hex HMAC-SHA256
         Column("created_at", UTCDateTime, nullable=False),  # when key_check was recorded
         CheckConstraint("id = 1", name="one_row"),
-        mysql_engine="InnoDB",
-        mysql_charset="utf8mb4",
     )
 
 
