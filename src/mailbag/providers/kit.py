@@ -17,8 +17,8 @@ Rules kept here, once:
   (`ascii_envelope_address`).
   What each provider carries of an `OutgoingEmail`: smtp, ses and file send our MIME
   (addresses, names, subject, both bodies, headers, Message-ID), brevo the same as JSON
-  fields; `tags` are mailbag's own labels (stored, listed), which brevo also sends as its
-  tags.
+  fields; `tags` are mailbag's own labels (stored and shown with the message), which brevo
+  also sends as its tags.
 """
 
 from __future__ import annotations

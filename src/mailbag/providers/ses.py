@@ -1,8 +1,9 @@
 """Amazon SES (API v2) through botocore: our own raw MIME, one email per call.
 
 We send `Content.Raw`, so the MIME we built, and with it our stable Message-ID, is what
-recipients receive. botocore is synchronous: calls run in a thread pool of `max_connections` threads
-(MAILBAG_CONCURRENCY), all through one shared client (botocore clients are thread-safe).
+recipients receive. botocore is synchronous: calls run in a thread pool of `max_connections`
+threads (MAILBAG_CONCURRENCY), all through one shared client (botocore clients are
+thread-safe).
 
 botocore's own retries are switched off. A retry after a read timeout re-sends an email SES
 may already have taken, and SES has no idempotency key to deduplicate it; the outbox
