@@ -25,7 +25,7 @@ from mailbag.providers.kit import (
     ascii_envelope_address,
     describe,
     envelope_address,
-    failure,
+    failure_outcome,
     first_match,
     retry_after,
     scrub,
@@ -214,12 +214,16 @@ def test_first_match_takes_the_first_row_that_matches_and_ambiguous_otherwise() 
 def test_failure_builds_the_outcome_a_row_names() -> None:
     hint = timedelta(seconds=9)
 
-    assert failure(Deferred, "e", keyed=True, retry_after=hint) == Deferred("e", retry_after=hint)
-    assert failure(Ambiguous, "e", keyed=False, retry_after=hint) == Ambiguous("e", keyed=False)
-    assert failure(Rejected, "e", keyed=True, retry_after=hint) == Rejected("e")
-    assert failure(Disabled, "e", keyed=True) == Disabled("e")
+    assert failure_outcome(Deferred, "e", keyed=True, retry_after=hint) == Deferred(
+        "e", retry_after=hint
+    )
+    assert failure_outcome(Ambiguous, "e", keyed=False, retry_after=hint) == Ambiguous(
+        "e", keyed=False
+    )
+    assert failure_outcome(Rejected, "e", keyed=True, retry_after=hint) == Rejected("e")
+    assert failure_outcome(Disabled, "e", keyed=True) == Disabled("e")
     with pytest.raises(TypeError):
-        failure(Accepted, "e", keyed=True)  # an acceptance needs the provider's id
+        failure_outcome(Accepted, "e", keyed=True)  # an acceptance needs the provider's id
 
 
 # --- construction ----------------------------------------------------------------------------

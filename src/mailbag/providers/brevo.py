@@ -34,7 +34,7 @@ from mailbag.providers.kit import (
     OutcomeTable,
     ascii_envelope_address,
     describe,
-    failure,
+    failure_outcome,
     first_match,
     retry_after,
     scrub,
@@ -335,7 +335,7 @@ class BrevoProvider:
             )
             return [Ambiguous(text, keyed=False)] * count
         hint = retry_after(answer.headers, RETRY_AFTER_HEADERS) if answer.headers else None
-        return [failure(found, text, keyed=keyed, retry_after=hint)] * count
+        return [failure_outcome(found, text, keyed=keyed, retry_after=hint)] * count
 
     # --- reading back ------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ Rules kept here, once:
   first-match table (`first_match`) is rows of (key, outcome class): a `str` key is the
   provider's error code, an `int` or `range` an HTTP status, an exception class a failure
   raised on the way; a failure no row matches is Ambiguous, because nobody can prove the
-  provider did not take the email. `failure` builds the outcome a row names.
+  provider did not take the email. `failure_outcome` builds the outcome a row names.
 - Error texts are stored, logged and shown: they go through `scrub` (the provider's
   secrets, secret-shaped tokens, credentials in URLs replaced; capped at ERROR_TEXT_MAX).
 - A provider refuses what it cannot carry, never drops it: building a request calls
@@ -80,7 +80,7 @@ def first_match(
     return Ambiguous
 
 
-def failure(
+def failure_outcome(
     outcome_class: OutcomeClass, error: str, *, keyed: bool, retry_after: timedelta | None = None
 ) -> SendOutcome:
     """The outcome a table row names, for a send that ended in `error` (scrubbed already).

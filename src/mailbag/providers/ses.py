@@ -51,7 +51,7 @@ from mailbag.providers.base import SendOneByOne
 from mailbag.providers.kit import (
     OutcomeTable,
     ascii_envelope_address,
-    failure,
+    failure_outcome,
     first_match,
     retry_after,
     scrub,
@@ -145,7 +145,7 @@ def outcome_for(error: Exception) -> SendOutcome:
         text = f"SES {type(error).__name__}: {error}"
         found = first_match(ERROR_OUTCOMES, error=error)
     # Not keyed: SES has no idempotency key, so no retry of this request is deduplicated.
-    return failure(found, scrub(text, patterns=AWS_SECRETS), keyed=False, retry_after=hint)
+    return failure_outcome(found, scrub(text, patterns=AWS_SECRETS), keyed=False, retry_after=hint)
 
 
 def _error_details(error: ClientError) -> tuple[str, int | None, Mapping[str, str]]:

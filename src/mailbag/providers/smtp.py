@@ -51,7 +51,7 @@ from mailbag.compose import OutgoingEmail
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
 from mailbag.providers import register
 from mailbag.providers.base import SendOneByOne
-from mailbag.providers.kit import OutcomeClass, describe, envelope_address, failure, scrub
+from mailbag.providers.kit import OutcomeClass, describe, envelope_address, failure_outcome, scrub
 
 if TYPE_CHECKING:
     from mailbag.settings import Settings
@@ -370,7 +370,7 @@ class SMTPProvider(SendOneByOne):
         log.debug("smtp: %s -> %s", text, found.__name__)
         # Not keyed: no key to resend under, so the worker must not retry an Ambiguous one,
         # only reconcile it. No provider_message_id either: the server gave none.
-        return failure(found, text, keyed=False)
+        return failure_outcome(found, text, keyed=False)
 
     # --- the pool --------------------------------------------------------------------------
 
