@@ -1,0 +1,44 @@
+"""The `mailbag` command: parse arguments, call a service, print the answer.
+
+The commands live in groups (outbox, maintenance, run, tenants); this table puts them in
+the order `mailbag --help` lists them. invocation.py holds what they share: settings read
+once, the schema policy, the exits.
+
+Each command imports what it needs when it runs: `mailbag --help` or `mailbag stats` must
+not pay for FastAPI, uvicorn or botocore (tests/test_first_run.py keeps it so).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from mailbag.cli import invocation, maintenance, outbox, run, tenants
+
+app = typer.Typer(
+    name="mailbag",
+    help="Transactional email through an outbox: enqueue in your transaction, sent exactly once.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: formatting it with rich costs ~0.1 s a start
+)
+app.callback()(invocation.begin)
+
+COMMANDS = (
+    maintenance.migrate,
+    outbox.enqueue,
+    outbox.stats,
+    outbox.top,
+    outbox.requeue,
+    outbox.cancel,
+    outbox.resolve,
+    outbox.reconcile,
+    maintenance.purge,
+    run.worker,
+    run.serve,
+    run.api,
+)
+for command in COMMANDS:
+    app.command()(command)
+app.add_typer(outbox.suppressions, name="suppressions")
+app.add_typer(tenants.tenants, name="tenants")

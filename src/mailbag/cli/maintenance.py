@@ -1,0 +1,65 @@
+"""Commands that keep the database in shape: the schema (`migrate`) and old rows (`purge`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated
+
+import typer
+
+from mailbag.cli.invocation import database, fail, prepare, settings
+
+
+def migrate(
+    accept_new_key: Annotated[
+        bool,
+        typer.Option(
+            help="Make the current secret key the one serve, api and worker must have "
+            "(after changing it on purpose; unconfirmed verification codes and console "
+            "sessions end)."
+        ),
+    ] = False,
+) -> None:
+    """Create or upgrade the database schema (`serve` does this itself; every other command
+    needs it done). Safe to run from several places at once: a database lock serializes it."""
+    from mailbag import runtime
+    from mailbag.store import migrate as migrations
+
+    prepare(upgrade=True)
+    typer.echo(f"schema at revision {migrations.HEAD}")
+    if accept_new_key:
+        try:
+            runtime.require_key(settings())
+            runtime.accept_new_key(settings())
+        except runtime.CannotStart as exc:
+            fail(str(exc), code=1)
+        typer.echo(
+            "mailbag: warning: the database now expects the current secret key; verification "
+            "codes not yet confirmed and console sessions made with the old key no longer "
+            "work. Give every API and worker replica this key.",
+            err=True,
+        )
+
+
+def parse_age(value: str) -> timedelta:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = value[:-1], value[-1:]
+    if unit not in units or not number.isdigit():
+        fail(f"{value!r} is not an age like 30d, 12h or 90m")
+    return timedelta(seconds=int(number) * units[unit])
+
+
+def purge(
+    older_than: Annotated[str, typer.Option(help="Age like 30d, 12h or 90m.")] = "30d",
+) -> None:
+    """Delete finished messages (sent, failed, dead, cancelled) last changed before the cutoff."""
+    from mailbag.clock import utcnow
+    from mailbag.database_url import dialect_of
+    from mailbag.services import maintenance
+
+    age = parse_age(older_than)
+    now = utcnow()
+    messages, records = maintenance.purge(
+        database(), dialect_of(settings().database_url), older_than=now - age, now=now
+    )
+    typer.echo(f"purged {messages} message(s) and {records} expired idempotency record(s)")

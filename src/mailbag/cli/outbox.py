@@ -1,0 +1,273 @@
+"""Commands on the outbox: enqueue, watch it (stats, top), and the operator's actions on its
+messages and on the suppression list (the same services the console and admin API call)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from mailbag.cli.invocation import ACTOR, database, fail, operations, parse_id, settings
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from rich.table import Table
+
+    from mailbag.services.operations import Health, Operations
+
+
+def enqueue(
+    to: Annotated[str, typer.Option(help="Recipient address.")],
+    template: Annotated[str, typer.Option(help="Template name, e.g. welcome.")],
+    data: Annotated[str, typer.Option(help="Template data as a JSON object.")] = "{}",
+    key: Annotated[
+        str | None, typer.Option(help="Idempotency key: the same key, the same message.")
+    ] = None,
+    subject: Annotated[str | None, typer.Option(help="Overrides the template's subject.")] = None,
+    to_name: Annotated[str | None, typer.Option(help="Recipient display name.")] = None,
+    sender: Annotated[
+        str | None, typer.Option("--from", help="Sender address (default FROM_EMAIL).")
+    ] = None,
+    tenant: Annotated[str, typer.Option(help="Tenant the message belongs to.")] = "default",
+    header: Annotated[
+        list[str] | None, typer.Option(help="Extra header 'Name: value' (repeatable).")
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Tag (repeatable).")] = None,
+    send_at: Annotated[
+        str | None, typer.Option(help="ISO 8601 time to send at (with zone).")
+    ] = None,
+) -> None:
+    """Put one email into the outbox and print its id."""
+    from mailbag import templates
+    from mailbag.compose import check_renders
+    from mailbag.domain.message import InvalidMessage, new_message
+    from mailbag.services import outbox as outbox_service
+
+    config = settings()
+    try:
+        template_data = json.loads(data)
+    except json.JSONDecodeError as exc:
+        fail(f"--data is not valid JSON: {exc}")
+    headers: dict[str, str] = {}
+    for item in header or []:
+        name, sep, value = item.partition(":")
+        if not sep:
+            fail(f"--header {item!r} must look like 'Name: value'")
+        headers[name.strip()] = value.strip()
+    when = None
+    if send_at is not None:
+        try:
+            when = datetime.fromisoformat(send_at)
+        except ValueError:
+            fail(f"--send-at {send_at!r} is not an ISO 8601 time")
+    try:
+        catalog = templates.load(config.templates_dir)
+        message = new_message(
+            to=to,
+            template=template,
+            data=template_data,
+            idempotency_key=key,
+            subject=subject,
+            to_name=to_name,
+            from_address=sender,
+            tenant_id=tenant,
+            headers=headers,
+            tags=tag or [],
+            send_at=when,
+            known_templates=catalog.names(),
+            address_rules=config.address_rules,
+        )
+        check_renders(message, catalog)
+    except (InvalidMessage, templates.TemplateError) as exc:
+        fail(f"invalid message: {exc}")
+    with database().begin() as conn:
+        (result,) = outbox_service.enqueue_many(
+            conn, [message], max_attempts=config.max_attempts, actor="cli"
+        )
+    if not result.created:
+        typer.echo(f"(key {key!r} already enqueued: {result.message.status})", err=True)
+    typer.echo(str(result.message.id))
+
+
+def health_table(health: Health) -> Table:
+    from rich.table import Table
+
+    table = Table(title="mailbag outbox", show_header=True, header_style="bold")
+    table.add_column("state")
+    table.add_column("messages", justify="right")
+    for state, count in health.counts.items():
+        table.add_row(state, str(count))
+    age = health.oldest_due_age_seconds
+    table.add_section()
+    table.add_row("oldest due (age)", f"{age:.1f} s" if age is not None else "-")
+    table.add_row("sent, last hour", str(sum(health.sent_per_5_minutes)))
+    rate = health.provider_error_rate
+    table.add_row("provider error rate", f"{rate:.1%}" if rate is not None else "-")
+    table.add_row("unmatched provider events", str(health.unmatched_provider_events))
+    table.add_row("suppressed addresses", str(health.suppressions))
+    return table
+
+
+def stats(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Counts by state, the oldest due message's age, sends and errors in the last hour."""
+    from mailbag.clock import utcnow
+
+    health = operations(lambda ops: ops.health(utcnow()))
+    if as_json:
+        typer.echo(json.dumps(health.as_dict()))
+    else:
+        from rich.console import Console  # only for the table: scripts read --json
+
+        Console().print(health_table(health))
+
+
+def top(interval: Annotated[float, typer.Option(help="Seconds between updates.")] = 2.0) -> None:
+    """`stats`, live, until Ctrl-C."""
+    import asyncio
+    import contextlib
+
+    from rich.live import Live
+
+    from mailbag.clock import utcnow
+
+    async def watch(ops: Operations) -> None:
+        with Live(health_table(await ops.health(utcnow())), refresh_per_second=4) as live:
+            while True:
+                await asyncio.sleep(interval)
+                live.update(health_table(await ops.health(utcnow())))
+
+    with contextlib.suppress(KeyboardInterrupt):
+        operations(watch)
+
+
+def requeue(
+    message_id: Annotated[str | None, typer.Argument(help="The message to send again.")] = None,
+    state: Annotated[
+        str | None, typer.Option(help="Requeue every message in this state (unknown or dead).")
+    ] = None,
+) -> None:
+    """Send unknown or dead messages again (an operator's decision, never automatic)."""
+    from mailbag.clock import utcnow
+    from mailbag.domain import states
+    from mailbag.domain.states import Status
+    from mailbag.services.operations import Filter
+
+    allowed = {s.value for s in states.sources(states.Action.REQUEUE)}
+    if (message_id is None) == (state is None):
+        fail("give a message id or --state, not both")
+    if state is not None and state not in allowed:
+        fail(f"--state must be one of {sorted(allowed)}")
+    ids = [parse_id(message_id)] if message_id is not None else None
+    where = Filter(status=Status(state)) if state is not None else None
+    changed = operations(
+        lambda ops: ops.requeue(message_ids=ids, where=where, now=utcnow(), actor=ACTOR)
+    )
+    if message_id is not None and not changed:
+        fail(f"message {message_id} is not unknown or dead (or does not exist)", code=1)
+    typer.echo(f"requeued {len(changed)} message(s)")
+
+
+def cancel(message_id: Annotated[str, typer.Argument(help="A pending message.")]) -> None:
+    """Withdraw a pending message before any attempt."""
+    from mailbag.clock import utcnow
+    from mailbag.services.operations import NotAllowed
+
+    target = parse_id(message_id)
+    try:
+        operations(lambda ops: ops.cancel(message_id=target, now=utcnow(), actor=ACTOR))
+    except NotAllowed:
+        fail(f"message {message_id} is not pending (or does not exist)", code=1)
+    typer.echo(f"cancelled {message_id}")
+
+
+def resolve(
+    message_id: Annotated[str, typer.Argument(help="An unknown message.")],
+    evidence: Annotated[str, typer.Option(help="What shows the outcome (required).")],
+    sent: Annotated[
+        bool, typer.Option("--sent/--failed", help="Was it accepted by the provider?")
+    ] = True,
+    provider_message_id: Annotated[str | None, typer.Option(help="The provider's id.")] = None,
+) -> None:
+    """Settle an unknown message as sent or failed, from evidence."""
+    from mailbag.clock import utcnow
+    from mailbag.services.operations import NotAllowed
+
+    target = parse_id(message_id)
+    if not evidence.strip():
+        fail("--evidence must say what shows the outcome")
+    try:
+        operations(
+            lambda ops: ops.resolve(
+                message_id=target,
+                sent=sent,
+                evidence=evidence,
+                now=utcnow(),
+                actor=ACTOR,
+                provider_message_id=provider_message_id,
+            )
+        )
+    except NotAllowed:
+        fail(f"message {message_id} is not unknown (or does not exist)", code=1)
+    typer.echo(f"{message_id} is now {'sent' if sent else 'failed'}")
+
+
+def reconcile() -> None:
+    """Look for evidence about every unknown message now (workers do this regularly)."""
+    from mailbag import providers
+    from mailbag.clock import utcnow
+    from mailbag.services.reconciliation import Reconciler
+
+    config = settings()
+
+    async def once(ops: Operations) -> Mapping[str, int]:
+        provider = providers.create(config.provider, config)
+        try:
+            reconciler = Reconciler(
+                ops.engine,
+                ops.dialect,
+                provider=provider,
+                flag_after=timedelta(minutes=config.reconcile_flag_after_minutes),
+            )
+            return await reconciler.run_once(utcnow(), message_domain=config.message_id_host)
+        finally:
+            await provider.aclose()
+
+    typer.echo(json.dumps(dict(operations(once))))
+
+
+suppressions = typer.Typer(
+    help="The suppression list.", no_args_is_help=True, rich_markup_mode=None
+)
+
+
+@suppressions.command("list")
+def suppressions_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
+) -> None:
+    found = operations(lambda ops: ops.suppressions(tenant_id=tenant, limit=1000))
+    for item in found:
+        typer.echo(f"{item.tenant_id}\t{item.email}\t{item.reason}\t{item.created_at:%Y-%m-%d}")
+
+
+@suppressions.command("add")
+def suppressions_add(tenant: str, email: str) -> None:
+    """Never send to this address for this tenant."""
+    from mailbag.clock import utcnow
+
+    try:
+        added = operations(lambda ops: ops.suppress(tenant_id=tenant, email=email, now=utcnow()))
+    except ValueError as exc:
+        fail(f"invalid address: {exc}")
+    typer.echo("suppressed" if added else "already suppressed")
+
+
+@suppressions.command("remove")
+def suppressions_remove(tenant: str, email: str) -> None:
+    if not operations(lambda ops: ops.unsuppress(tenant_id=tenant, email=email)):
+        fail(f"{email} is not suppressed for {tenant}", code=1)
+    typer.echo("removed")

@@ -1,0 +1,101 @@
+"""The long-running commands: `worker`, `api`, and `serve` (both in one process)."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from mailbag.cli.invocation import fail, prepare, settings
+
+
+def worker(
+    concurrency: Annotated[int | None, typer.Option(help="Sends in flight at once.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Messages claimed per round.")] = None,
+    worker_id: Annotated[
+        str | None, typer.Option("--id", help="Worker id (default host:pid).")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus metrics on this port.")
+    ] = None,
+) -> None:
+    """Send email from the outbox until SIGTERM/SIGINT, then drain and exit 0."""
+    config = settings(
+        concurrency=concurrency,
+        batch_size=batch_size,
+        worker_id=worker_id,
+        metrics_port=metrics_port,
+    )
+    import asyncio
+
+    from mailbag import log, runtime
+    from mailbag.worker import WorkerFailed
+
+    log.configure(config.log_level)
+    check_provider()
+    prepare(key=True)
+    try:
+        asyncio.run(runtime.run_worker(config))
+    except WorkerFailed as exc:  # logged with its traceback by the worker
+        fail(str(exc), code=1)
+
+
+def serve() -> None:
+    """Everything in one process: migrate, then run the API and the worker.
+
+    Exits non-zero at once, saying why, if any part cannot start (or later stops on its own).
+    """
+    import asyncio
+
+    from mailbag import log, runtime
+
+    config = settings()
+    log.configure(config.log_level)
+    check_provider()
+    prepare(upgrade=True, key=True)
+
+    def ready() -> None:  # only once the API listens
+        typer.echo(
+            f"mailbag: API on http://{config.api_host}:{config.api_port} (docs at /docs)",
+            err=True,
+        )
+        if config.provider == "file":
+            typer.echo(f"mailbag: emails are written to {config.file_dir.resolve()}", err=True)
+
+    try:
+        asyncio.run(runtime.run_serve(config, on_ready=ready))
+    except runtime.ServeFailed as exc:
+        fail(str(exc), code=1)
+
+
+def api(
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
+    workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
+) -> None:
+    """Serve the HTTP API (and the console) with uvicorn."""
+    import uvicorn
+
+    from mailbag import log, runtime
+
+    config = settings(api_host=host, api_port=port)
+    log.configure(config.log_level)
+    prepare(key=True)
+
+    # Worker processes read their settings from the environment, so pass overrides there.
+    os.environ["MAILBAG_API_HOST"], os.environ["MAILBAG_API_PORT"] = (
+        config.api_host,
+        str(config.api_port),
+    )
+    uvicorn.run(**runtime.uvicorn_options(config, workers=workers))
+
+
+def check_provider() -> None:
+    from mailbag import providers
+
+    if settings().provider not in providers.available():
+        fail(
+            f"unknown provider {settings().provider!r}; "
+            f"available: {', '.join(providers.available())}"
+        )

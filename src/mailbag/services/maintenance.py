@@ -1,0 +1,40 @@
+"""Housekeeping an operator runs (`mailbag purge`): old rows go, in short transactions.
+
+Each chunk is its own transaction of at most CHUNK rows, repeated until a chunk comes back
+short, so a large purge never holds locks for long. `unknown` messages are never purged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy import Engine
+
+from mailbag.database_url import Dialect
+from mailbag.store import idempotency, operator
+from mailbag.store.plan import Plan, run
+
+CHUNK = 1000
+
+
+def purge(
+    engine: Engine, dialect: Dialect, *, older_than: datetime, now: datetime
+) -> tuple[int, int]:
+    """Delete finished messages last changed before `older_than`, and every idempotency
+    record expired by `now`; (messages, records) deleted."""
+    messages = _in_chunks(
+        engine, lambda: operator.purge(dialect, older_than=older_than, limit=CHUNK)
+    )
+    records = _in_chunks(engine, lambda: idempotency.purge_expired(now, limit=CHUNK))
+    return messages, records
+
+
+def _in_chunks(engine: Engine, chunk: Callable[[], Plan[int]]) -> int:
+    total = 0
+    while True:
+        with engine.begin() as conn:
+            deleted = run(conn, chunk())
+        total += deleted
+        if deleted < CHUNK:
+            return total
