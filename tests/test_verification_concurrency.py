@@ -23,6 +23,7 @@ from mailbag.services.verification import RotatedMeanwhile, Verifications
 from mailbag.store import verifications as store
 from mailbag.store.plan import run_async
 from mailbag.store.schema import email_verifications, outbox_messages, verification_sends
+from mailbag.store.session import AsyncSession
 from servers import free_port, mailbag_env, start_mailbag, stop, wait_until_up
 from verification_helpers import deliver, request, resend, token_in, tokens
 
@@ -192,7 +193,7 @@ async def test_a_rotation_from_a_stale_read_changes_nothing_and_is_retried(db, a
     await service.resend(tenant_id=tenant_id, key="first", verification_id=vid, now=now)
     with pytest.raises(RotatedMeanwhile):
         async with async_engine.begin() as conn:
-            await service._send(conn, stale, {}, now, VAction.RESEND)
+            await service._send(AsyncSession(conn), stale, {}, now, VAction.RESEND)
     assert stored(db, v["id"])[:2] == (2, digest(tokens(db).token(vid, 2)))
 
     # A resend that loses the race once reads again and rotates exactly once.

@@ -14,6 +14,7 @@ import idna
 from email_validator import EmailNotValidError, validate_email
 
 from mailbag.domain import storable
+from mailbag.domain.states import Status
 
 # Column limits (the seed design's, plus the ones it left open). The schema uses the same names.
 ADDRESS_MAX = 255
@@ -415,3 +416,17 @@ class Message:
     def attempt(self) -> int:
         """The number of the attempt a claimed message is on (attempts count when finalized)."""
         return self.attempt_count + 1
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which messages are meant (every field optional; all given ones must hold): by id, or
+    by what an operator filters on. Plain data: the store turns it into SQL."""
+
+    status: Status | None = None
+    tenant_id: str | None = None
+    to: str | None = None  # compared in lower case
+    template: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None  # exclusive
+    ids: Sequence[Any] | None = None  # uuid.UUIDs

@@ -20,10 +20,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from mailbag.store import idempotency as store
-from mailbag.store.plan import run_async
+from mailbag.store.session import AsyncDatabase, AsyncSession
 
 KEY_PATTERN = re.compile(r"^[\x20-\x7e]{1,255}$")  # printable ASCII, 1 to 255 characters
 
@@ -50,7 +49,7 @@ class Response:
     replayed: bool = False
 
 
-Work = Callable[[AsyncConnection], Awaitable[Response]]
+Work = Callable[[AsyncSession], Awaitable[Response]]
 
 
 def check_key(key: str | None) -> str | None:
@@ -80,7 +79,7 @@ def _replay(record: store.Record, operation: str, request_fingerprint: str) -> R
 
 
 async def execute(
-    engine: AsyncEngine,
+    db: AsyncDatabase,
     *,
     tenant_id: str,
     key: str | None,
@@ -92,17 +91,16 @@ async def execute(
 ) -> Response:
     """Run `work` at most once per (tenant, key); replay its stored response afterwards."""
     if key is None:
-        async with engine.begin() as conn:
-            return await work(conn)
+        async with db.transaction() as tx:
+            return await work(tx)
     try:
-        async with engine.begin() as conn:
-            existing = await run_async(conn, store.find(tenant_id, key))
+        async with db.transaction() as tx:
+            existing = await tx.run(store.find(tenant_id, key))
             if existing is not None and existing.expires_at > now:
                 return _replay(existing, operation, request_fingerprint)
             if existing is not None:
-                await run_async(conn, store.drop_if_expired(tenant_id, key, now))
-            await run_async(
-                conn,
+                await tx.run(store.drop_if_expired(tenant_id, key, now))
+            await tx.run(
                 store.take_key(
                     tenant_id=tenant_id,
                     key=key,
@@ -110,25 +108,24 @@ async def execute(
                     fingerprint=request_fingerprint,
                     now=now,
                     expires_at=now + ttl,
-                ),
+                )
             )
-            response = await work(conn)
-            await run_async(
-                conn,
+            response = await work(tx)
+            await tx.run(
                 store.record_response(
                     tenant_id=tenant_id,
                     key=key,
                     resource_id=response.resource_id,
                     status=response.status,
                     body=response.body,
-                ),
+                )
             )
             return response
     except IntegrityError:
         # Either another request took the key first (replay it), or the work itself hit a
         # unique index (its caller knows what that means).
-        async with engine.connect() as conn:
-            winner = await run_async(conn, store.find(tenant_id, key))
+        async with db.connect() as tx:
+            winner = await tx.run(store.find(tenant_id, key))
         if winner is None or winner.response_status is None:
             raise
         return _replay(winner, operation, request_fingerprint)

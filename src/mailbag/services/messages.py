@@ -8,16 +8,17 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from mailbag.domain.message import Message, NewMessage
+from mailbag.domain.message import Filter, Message, NewMessage
 from mailbag.domain.states import Status
 from mailbag.services import outbox as outbox_service
 from mailbag.services.idempotency import Response, execute, fingerprint
 from mailbag.settings import Settings
-from mailbag.store import outbox as store
+from mailbag.store import messages as store
+from mailbag.store import operator
 from mailbag.store.database import Dialect
-from mailbag.store.plan import run_async
+from mailbag.store.session import AsyncDatabase, AsyncSession
 
 ACTOR = "api"
 MAX_PAGE = 100
@@ -96,18 +97,23 @@ def message_fingerprint(message: NewMessage) -> str:
 
 
 class Messages:
-    def __init__(self, engine: AsyncEngine, dialect: Dialect, settings: Settings) -> None:
-        self.engine, self.dialect, self.settings = engine, dialect, settings
+    def __init__(self, engine: AsyncEngine, dialect: Dialect | None, settings: Settings) -> None:
+        # `dialect` is not used (sessions know theirs); it goes when its callers drop it.
+        self.db, self.settings = AsyncDatabase(engine), settings
 
     async def create(self, *, key: str | None, message: NewMessage, now: datetime) -> Response:
-        async def work(conn: AsyncConnection) -> Response:
+        async def work(tx: AsyncSession) -> Response:
             (enqueued,) = await outbox_service.enqueue_many_async(
-                conn, [message], max_attempts=self.settings.max_attempts, actor=ACTOR, now=now
+                tx.connection,
+                [message],
+                max_attempts=self.settings.max_attempts,
+                actor=ACTOR,
+                now=now,
             )
             return Response(201, public(enqueued.message), str(enqueued.message.id))
 
         return await execute(
-            self.engine,
+            self.db,
             tenant_id=message.tenant_id,
             key=key,
             operation="POST /v1/messages",
@@ -118,11 +124,11 @@ class Messages:
         )
 
     async def get(self, *, tenant_id: str, message_id: uuid.UUID) -> dict[str, Any]:
-        async with self.engine.connect() as conn:
-            message = await run_async(conn, store.get(message_id, tenant_id))
+        async with self.db.connect() as tx:
+            message = await tx.run(store.get(message_id, tenant_id))
             if message is None:
                 raise MessageNotFound(str(message_id))
-            events = await run_async(conn, store.events(message_id))
+            events = await tx.run(store.events(message_id))
         return public(message, events)
 
     async def list(
@@ -136,11 +142,9 @@ class Messages:
     ) -> dict[str, Any]:
         limit = max(1, min(limit, MAX_PAGE))
         before = decode_cursor(cursor) if cursor is not None else None
-        async with self.engine.connect() as conn:
-            items, more = await run_async(
-                conn,
-                store.page(tenant_id=tenant_id, status=status, to=to, before=before, limit=limit),
-            )
+        which = Filter(tenant_id=tenant_id, status=status, to=to)
+        async with self.db.connect() as tx:
+            items, more = await tx.run(store.page(which, limit=limit, before=before))
         return {
             "items": [public(m) for m in items],
             "next_cursor": encode_cursor(items[-1].id) if more and items else None,
@@ -149,19 +153,12 @@ class Messages:
     async def cancel(
         self, *, tenant_id: str, message_id: uuid.UUID, now: datetime
     ) -> dict[str, Any]:
-        async with self.engine.begin() as conn:
-            changed = await run_async(
-                conn,
-                store.cancel(
-                    self.dialect,
-                    now=now,
-                    actor=ACTOR,
-                    where=(store.om.c.id == message_id) & (store.om.c.tenant_id == tenant_id),
-                ),
-            )
+        which = Filter(ids=[message_id], tenant_id=tenant_id)
+        async with self.db.transaction() as tx:
+            changed = await tx.run(operator.cancel(where=which, now=now, actor=ACTOR))
             if changed:
                 return public(changed[0].message)
-            current = await run_async(conn, store.get(message_id, tenant_id))
+            current = await tx.run(store.get(message_id, tenant_id))
         if current is None:
             raise MessageNotFound(str(message_id))
         raise NotCancellable(current.status)

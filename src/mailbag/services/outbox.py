@@ -22,10 +22,9 @@ from mailbag import metrics, wakeup
 from mailbag.clock import utcnow
 from mailbag.domain.message import NewMessage, new_message
 from mailbag.domain.policy import RetryPolicy
-from mailbag.store import outbox as store
-from mailbag.store.database import Dialect, dialect_of
-from mailbag.store.outbox import Enqueued
-from mailbag.store.plan import run, run_async
+from mailbag.store import enqueue as store
+from mailbag.store.enqueue import Enqueued
+from mailbag.store.plan import Plan, dialect_of_connection, run, run_async
 
 if TYPE_CHECKING:  # the asyncio extension brings in the ORM: sync callers never need it
     from sqlalchemy.ext.asyncio import AsyncConnection
@@ -33,15 +32,30 @@ if TYPE_CHECKING:  # the asyncio extension brings in the ORM: sync callers never
 DEFAULT_MAX_ATTEMPTS = RetryPolicy().max_attempts
 
 
-def _dialect(conn: Connection | AsyncConnection) -> Dialect:
-    # Whatever driver the caller's engine uses, the SQL only depends on the database.
-    return dialect_of(f"{conn.dialect.name}://")
+def _plan(
+    conn: Connection | AsyncConnection,
+    messages: Sequence[NewMessage],
+    max_attempts: int,
+    actor: str,
+    now: datetime | None,
+) -> Plan[list[Enqueued]]:
+    return store.enqueue(
+        dialect_of_connection(conn),
+        messages,
+        now=now or utcnow(),
+        default_max_attempts=max_attempts,
+        actor=actor,
+    )
 
 
-def _count(results: Sequence[Enqueued]) -> None:
+def _enqueued(results: list[Enqueued], conn: Connection) -> list[Enqueued]:
+    """Count what was created and wake the workers once the caller commits it."""
     for result in results:
         if result.created:
             metrics.ENQUEUED.labels(result.message.template_name).inc()
+    if any(r.created for r in results):
+        wakeup.notify_after_commit(conn)
+    return results
 
 
 def enqueue_many(
@@ -52,18 +66,8 @@ def enqueue_many(
     actor: str = "app",
     now: datetime | None = None,
 ) -> list[Enqueued]:
-    plan = store.enqueue(
-        _dialect(conn),
-        messages,
-        now=now or utcnow(),
-        default_max_attempts=max_attempts,
-        actor=actor,
-    )
-    results = run(conn, plan)
-    _count(results)
-    if any(r.created for r in results):
-        wakeup.notify_after_commit(conn)
-    return results
+    results = run(conn, _plan(conn, messages, max_attempts, actor, now))
+    return _enqueued(results, conn)
 
 
 async def enqueue_many_async(
@@ -74,18 +78,8 @@ async def enqueue_many_async(
     actor: str = "app",
     now: datetime | None = None,
 ) -> list[Enqueued]:
-    plan = store.enqueue(
-        _dialect(conn),
-        messages,
-        now=now or utcnow(),
-        default_max_attempts=max_attempts,
-        actor=actor,
-    )
-    results = await run_async(conn, plan)
-    _count(results)
-    if any(r.created for r in results):
-        wakeup.notify_after_commit(conn.sync_connection)  # type: ignore[arg-type]
-    return results
+    results = await run_async(conn, _plan(conn, messages, max_attempts, actor, now))
+    return _enqueued(results, conn.sync_connection)  # type: ignore[arg-type]
 
 
 def enqueue(

@@ -16,21 +16,21 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag import log, metrics
 from mailbag.compose import rfc_message_id
 from mailbag.domain.events import EventKind, ProviderEvent, kind_proves_acceptance, suppresses
-from mailbag.domain.message import Message, ascii_address
+from mailbag.domain.message import Filter, Message, ascii_address
 from mailbag.domain.states import Status
 from mailbag.providers.base import Sighting
 from mailbag.store import events as event_store
-from mailbag.store import outbox as store
+from mailbag.store import messages as message_store
+from mailbag.store import operator
 from mailbag.store import suppressions as suppression_store
-from mailbag.store import verifications as verification_store
 from mailbag.store.database import Dialect
 from mailbag.store.events import StoredEvent
-from mailbag.store.plan import run_async
+from mailbag.store.session import AsyncDatabase, AsyncSession
 
 ACTOR = "reconciler"
 
@@ -92,28 +92,22 @@ def _evidence(what: str, event: StoredEvent | ProviderEvent) -> str:
 
 
 async def _settle(
-    conn: AsyncConnection,
-    dialect: Dialect,
+    tx: AsyncSession,
     message: Message,
     accepted: bool,
     evidence: str,
     provider_message_id: str | None,
     now: datetime,
 ) -> bool:
-    changed = await run_async(
-        conn,
-        store.resolve(
-            dialect,
+    changed = await tx.run(
+        operator.resolve(
             message_id=message.id,
             sent=accepted,
             now=now,
             actor=ACTOR,
             evidence=evidence,
             provider_message_id=provider_message_id,
-        ),
-    )
-    await run_async(
-        conn, verification_store.follow_messages(dialect, changed, now=now, actor=ACTOR)
+        )
     )
     if changed:
         metrics.RECONCILIATIONS.labels("resolved_sent" if accepted else "resolved_failed").inc()
@@ -121,16 +115,18 @@ async def _settle(
 
 
 async def ingest(
-    engine: AsyncEngine, dialect: Dialect, events: Sequence[ProviderEvent], now: datetime
+    engine: AsyncEngine, dialect: Dialect | None, events: Sequence[ProviderEvent], now: datetime
 ) -> Ingested:
-    """Store, match and act on provider events, all in one transaction."""
+    """Store, match and act on provider events, all in one transaction.
+
+    (`dialect` is not used: sessions know theirs; it goes when its callers drop it.)"""
     report = Ingested()
     logger = log.get("mailbag.events")
-    async with engine.begin() as conn:
+    async with AsyncDatabase(engine).transaction() as tx:
         for event in events:
             metrics.PROVIDER_EVENTS.labels(event.provider, event.kind.value).inc()
-            message = await run_async(conn, event_store.match(event))
-            stored = await run_async(conn, event_store.store(event, message=message, now=now))
+            message = await tx.run(event_store.match(event))
+            stored = await tx.run(event_store.store(event, message=message, now=now))
             if stored is None:
                 report.duplicates += 1
                 continue
@@ -145,24 +141,22 @@ async def ingest(
                     provider_message_id=event.provider_message_id,
                 )
                 continue
-            if suppresses(event) and await run_async(
-                conn,
+            if suppresses(event) and await tx.run(
                 suppression_store.add(
-                    dialect,
                     tenant_id=message.tenant_id,
                     email=message.to_address,
                     reason="complaint" if event.kind is EventKind.COMPLAINED else "hard_bounce",
                     detail=event.detail,
                     source_event_id=stored.id,
                     now=now,
-                ),
+                )
             ):
                 report.suppressed += 1
             found = verdict([event])
             if (
                 message.status == Status.UNKNOWN
                 and found is not None
-                and await _settle(conn, dialect, message, *found, now)
+                and await _settle(tx, message, *found, now)
             ):
                 report.resolved += 1
     return report
@@ -172,21 +166,22 @@ class Reconciler:
     def __init__(
         self,
         engine: AsyncEngine,
-        dialect: Dialect,
+        dialect: Dialect | None = None,
         *,
         provider: Any = None,
         flag_after: timedelta = timedelta(hours=1),
         batch: int = 100,
     ) -> None:
-        self.engine, self.dialect, self.provider = engine, dialect, provider
+        # `dialect` is not used (sessions know theirs); it goes when its callers drop it.
+        self.db, self.provider = AsyncDatabase(engine), provider
         self.flag_after, self.batch = flag_after, batch
         self.log = log.get("mailbag.reconciler")
 
     async def run_once(self, now: datetime, *, message_domain: str = "localhost") -> Counter[str]:
         outcomes: Counter[str] = Counter()
-        async with self.engine.connect() as conn:
-            unknown, _ = await run_async(
-                conn, store.page(tenant_id=None, status=Status.UNKNOWN, limit=self.batch)
+        async with self.db.connect() as tx:
+            unknown, _ = await tx.run(
+                message_store.page(Filter(status=Status.UNKNOWN), limit=self.batch)
             )
         for message in unknown:
             outcome = await self._reconcile(message, now, message_domain)
@@ -194,10 +189,10 @@ class Reconciler:
         return outcomes
 
     async def _reconcile(self, message: Message, now: datetime, domain: str) -> str:
-        async with self.engine.begin() as conn:
-            found = verdict(await run_async(conn, event_store.for_message(message)))
+        async with self.db.transaction() as tx:
+            found = verdict(await tx.run(event_store.for_message(message)))
             if found is not None:
-                settled = await _settle(conn, self.dialect, message, *found, now)
+                settled = await _settle(tx, message, *found, now)
                 return ("resolved_sent" if found[0] else "resolved_failed") if settled else "gone"
         if isinstance(self.provider, FindsSent):
             try:
@@ -218,10 +213,9 @@ class Reconciler:
                 )
             provider_id = own.provider_message_id if own is not None else None
             if provider_id is not None:
-                async with self.engine.begin() as conn:
+                async with self.db.transaction() as tx:
                     settled = await _settle(
-                        conn,
-                        self.dialect,
+                        tx,
                         message,
                         True,
                         f"provider lookup found {provider_id}",
@@ -230,16 +224,14 @@ class Reconciler:
                     )
                 return "resolved_sent" if settled else "gone"
         if now - message.updated_at >= self.flag_after:
-            async with self.engine.begin() as conn:
-                flagged = await run_async(
-                    conn,
-                    store.flag(
-                        self.dialect,
+            async with self.db.transaction() as tx:
+                flagged = await tx.run(
+                    operator.flag(
                         message_id=message.id,
                         now=now,
                         actor=ACTOR,
                         detail=f"no evidence after {self.flag_after}; an operator has to decide",
-                    ),
+                    )
                 )
             if flagged:
                 metrics.RECONCILIATIONS.labels("flagged").inc()

@@ -21,10 +21,10 @@ from typing import Any
 
 from sqlalchemy import and_
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag.domain.ids import uuid7
-from mailbag.domain.message import new_message
+from mailbag.domain.message import Filter, new_message
 from mailbag.domain.states import Status
 from mailbag.domain.verification import (
     ACTIVE,
@@ -40,11 +40,11 @@ from mailbag.domain.verification import (
 from mailbag.services import outbox as outbox_service
 from mailbag.services.idempotency import Response, execute, fingerprint
 from mailbag.settings import Settings
-from mailbag.store import outbox as outbox_store
+from mailbag.store import operator
 from mailbag.store import verifications as store
 from mailbag.store.database import Dialect
-from mailbag.store.plan import run_async
 from mailbag.store.schema import email_verifications as ev
+from mailbag.store.session import AsyncDatabase, AsyncSession
 from mailbag.store.verifications import Verification
 
 ACTOR = "api"
@@ -136,8 +136,9 @@ def public(v: Verification) -> dict[str, Any]:
 
 
 class Verifications:
-    def __init__(self, engine: AsyncEngine, dialect: Dialect, settings: Settings) -> None:
-        self.engine, self.dialect, self.settings = engine, dialect, settings
+    def __init__(self, engine: AsyncEngine, dialect: Dialect | None, settings: Settings) -> None:
+        # `dialect` is not used (sessions know theirs); it goes when its callers drop it.
+        self.db, self.settings = AsyncDatabase(engine), settings
         # Raises MissingSecretKey now, so an API without the key refuses to start.
         self.tokens = settings.verification_tokens
 
@@ -150,13 +151,12 @@ class Verifications:
     ) -> Response:
         operation = "POST /v1/email-verifications"
 
-        async def work(conn: AsyncConnection) -> Response:
+        async def work(tx: AsyncSession) -> Response:
             email = request.email
-            await run_async(conn, store.lock_sends(tenant_id))
-            await run_async(
-                conn,
+            await tx.run(store.lock_sends(tenant_id))
+            await tx.run(
                 store.transition(
-                    self.dialect,
+                    tx.dialect,
                     VAction.EXPIRE,
                     now=now,
                     actor=ACTOR,
@@ -166,12 +166,11 @@ class Verifications:
                     detail="expired before a new request",
                 ),
             )
-            active = await run_async(conn, store.active_for(tenant_id, email))
+            active = await tx.run(store.active_for(tenant_id, email))
             if active is not None:
                 raise ActiveVerificationExists(active.id)
-            await self._check_limits(conn, tenant_id, email, now)
-            verification = await run_async(
-                conn,
+            await self._check_limits(tx, tenant_id, email, now)
+            verification = await tx.run(
                 store.create(
                     {
                         "id": uuid7(),
@@ -187,12 +186,12 @@ class Verifications:
                     actor=ACTOR,
                 ),
             )
-            sent = await self._send(conn, verification, request.data, now, VAction.ENQUEUE)
+            sent = await self._send(tx, verification, request.data, now, VAction.ENQUEUE)
             return Response(201, public(sent), str(sent.id))
 
         try:
             return await execute(
-                self.engine,
+                self.db,
                 tenant_id=tenant_id,
                 key=key,
                 operation=operation,
@@ -204,8 +203,8 @@ class Verifications:
         except IntegrityError:
             # A concurrent request for the same email (another key) made its verification
             # first: the active-email unique index said so. Name it.
-            async with self.engine.connect() as conn:
-                active = await run_async(conn, store.active_for(tenant_id, request.email))
+            async with self.db.connect() as tx:
+                active = await tx.run(store.active_for(tenant_id, request.email))
             if active is None:
                 raise
             raise ActiveVerificationExists(active.id) from None
@@ -215,27 +214,20 @@ class Verifications:
     ) -> Response:
         operation = f"POST /v1/email-verifications/{verification_id}/resend"
 
-        async def work(conn: AsyncConnection) -> Response:
-            await run_async(conn, store.lock_sends(tenant_id))
-            v = await self._fresh(conn, tenant_id, verification_id, now)
+        async def work(tx: AsyncSession) -> Response:
+            await tx.run(store.lock_sends(tenant_id))
+            v = await self._fresh(tx, tenant_id, verification_id, now)
             if v.state in FINAL:
                 raise AlreadyFinished(v.state)
             if v.state not in ACTIVE:  # a failed one: resending makes it active again
-                active = await run_async(conn, store.active_for(tenant_id, v.email))
+                active = await tx.run(store.active_for(tenant_id, v.email))
                 if active is not None:  # but a newer request has the address now
                     raise ActiveVerificationExists(active.id)
-            await self._check_limits(conn, tenant_id, v.email, now)
+            await self._check_limits(tx, tenant_id, v.email, now)
             if v.message_id is not None:  # the old email, if still unsent, is withdrawn
-                await run_async(
-                    conn,
-                    outbox_store.cancel(
-                        self.dialect,
-                        where=outbox_store.om.c.id == v.message_id,
-                        now=now,
-                        actor=ACTOR,
-                    ),
-                )
-            sent = await self._send(conn, v, {}, now, VAction.RESEND)
+                which = Filter(ids=[v.message_id])
+                await tx.run(operator.cancel(where=which, now=now, actor=ACTOR))
+            sent = await self._send(tx, v, {}, now, VAction.RESEND)
             return Response(200, public(sent), str(sent.id))
 
         for _ in range(RESEND_TRIES - 1):
@@ -251,10 +243,10 @@ class Verifications:
         key: str,
         operation: str,
         now: datetime,
-        work: Callable[[AsyncConnection], Awaitable[Response]],
+        work: Callable[[AsyncSession], Awaitable[Response]],
     ) -> Response:
         return await execute(
-            self.engine,
+            self.db,
             tenant_id=tenant_id,
             key=key,
             operation=operation,
@@ -266,7 +258,7 @@ class Verifications:
 
     async def _send(
         self,
-        conn: AsyncConnection,
+        tx: AsyncSession,
         v: Verification,
         data: dict[str, Any],
         now: datetime,
@@ -293,12 +285,11 @@ class Verifications:
             address_rules=self.settings.address_rules,
         )
         (enqueued,) = await outbox_service.enqueue_many_async(
-            conn, [message], max_attempts=self.settings.max_attempts, actor=ACTOR, now=now
+            tx.connection, [message], max_attempts=self.settings.max_attempts, actor=ACTOR, now=now
         )
-        rotated = await run_async(
-            conn,
+        rotated = await tx.run(
             store.transition(
-                self.dialect,
+                tx.dialect,
                 action,
                 # Only from the send number read: two rotations can never both apply.
                 where=and_(ev.c.id == v.id, ev.c.send_count == v.send_count),
@@ -318,10 +309,9 @@ class Verifications:
         (moved,) = rotated
         if enqueued.message.status == Status.FAILED:
             # A suppressed address: the outbox failed the email at once; so does this.
-            (moved,) = await run_async(
-                conn,
+            (moved,) = await tx.run(
                 store.transition(
-                    self.dialect,
+                    tx.dialect,
                     VAction.MESSAGE_FAILED,
                     where=ev.c.id == v.id,
                     now=now,
@@ -330,37 +320,35 @@ class Verifications:
                 ),
             )
             return moved
-        await run_async(
-            conn,
+        await tx.run(
             store.record_send(tenant_id=v.tenant_id, email=v.email, verification_id=v.id, now=now),
         )
         return moved
 
     async def _check_limits(
-        self, conn: AsyncConnection, tenant_id: str, email: str, now: datetime
+        self, tx: AsyncSession, tenant_id: str, email: str, now: datetime
     ) -> None:
         hour = timedelta(hours=1)
         for scope, limit, address in (
             ("email", self.settings.verification_sends_per_email_per_hour, email),
             ("tenant", self.settings.verification_sends_per_tenant_per_hour, None),
         ):
-            count, oldest = await run_async(conn, store.sends_since(tenant_id, now - hour, address))
+            count, oldest = await tx.run(store.sends_since(tenant_id, now - hour, address))
             if count >= limit:
                 wait = (oldest + hour - now) if oldest else hour
                 raise RateLimited(max(1, int(wait.total_seconds()) + 1), scope)
 
     async def _fresh(
-        self, conn: AsyncConnection, tenant_id: str, verification_id: uuid.UUID, now: datetime
+        self, tx: AsyncSession, tenant_id: str, verification_id: uuid.UUID, now: datetime
     ) -> Verification:
         """The verification, moved to `expired` first if its time is up."""
-        v = await run_async(conn, store.get(verification_id, tenant_id))
+        v = await tx.run(store.get(verification_id, tenant_id))
         if v is None:
             raise NotFound(str(verification_id))
         if v.state in UNFINISHED and v.expires_at <= now:
-            expired = await run_async(
-                conn,
+            expired = await tx.run(
                 store.transition(
-                    self.dialect,
+                    tx.dialect,
                     VAction.EXPIRE,
                     where=ev.c.id == v.id,
                     now=now,
@@ -369,21 +357,21 @@ class Verifications:
                 ),
             )
             # Nothing moved: another request finished it meanwhile; read what it did.
-            v = expired[0] if expired else await run_async(conn, store.get(v.id, tenant_id))
+            v = expired[0] if expired else await tx.run(store.get(v.id, tenant_id))
             assert v is not None  # rows are never deleted while their tenant's requests run
         return v
 
     async def get(
         self, *, tenant_id: str, verification_id: uuid.UUID, now: datetime
     ) -> Verification:
-        async with self.engine.begin() as conn:
-            return await self._fresh(conn, tenant_id, verification_id, now)
+        async with self.db.transaction() as tx:
+            return await self._fresh(tx, tenant_id, verification_id, now)
 
     async def confirm(
         self, *, tenant_id: str, verification_id: uuid.UUID, token: str, now: datetime
     ) -> Verification:
-        async with self.engine.begin() as conn:
-            v = await self._fresh(conn, tenant_id, verification_id, now)
+        async with self.db.transaction() as tx:
+            v = await self._fresh(tx, tenant_id, verification_id, now)
             if v.state is VState.VERIFIED:
                 if matches(token, v.token_digest):
                     return v  # confirming twice is fine
@@ -393,10 +381,9 @@ class Verifications:
             if v.confirm_attempts >= MAX_CONFIRM_ATTEMPTS:
                 raise Locked(str(v.id))
             if matches(token, v.token_digest):
-                moved = await run_async(
-                    conn,
+                moved = await tx.run(
                     store.transition(
-                        self.dialect,
+                        tx.dialect,
                         VAction.CONFIRM,
                         now=now,
                         actor=ACTOR,
@@ -413,7 +400,7 @@ class Verifications:
                     return moved[0]
                 # Another request changed it meanwhile: a resend rotated the token (this
                 # one is now wrong), a confirmation won, or wrong tokens used up the tries.
-                latest = await run_async(conn, store.get(v.id, tenant_id))
+                latest = await tx.run(store.get(v.id, tenant_id))
                 assert latest is not None
                 if latest.state is VState.VERIFIED and matches(token, latest.token_digest):
                     return latest
@@ -421,5 +408,5 @@ class Verifications:
                     raise WrongToken(max(0, MAX_CONFIRM_ATTEMPTS - latest.confirm_attempts))
                 raise Locked(str(v.id))
             # A wrong token: count it, committed, before answering.
-            await run_async(conn, store.count_wrong_token(v.id, now))
+            await tx.run(store.count_wrong_token(v.id, now))
         raise WrongToken(max(0, MAX_CONFIRM_ATTEMPTS - v.confirm_attempts - 1))

@@ -20,11 +20,12 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from mailbag.domain.ids import uuid7
 from mailbag.domain.message import Message, NewMessage
-from mailbag.domain.states import Status
+from mailbag.domain.states import MESSAGES, Action
 from mailbag.store import suppressions as suppression_store
 from mailbag.store.database import Dialect
-from mailbag.store.message_transitions import append_events, event_row, message_from_row, om
+from mailbag.store.message_transitions import LAST_ERROR, MESSAGE_ROWS, message_from_row, om
 from mailbag.store.plan import Plan, Step
+from mailbag.store.transition import history_row, record
 
 NOTIFY_CHANNEL = "mailbag_outbox"
 
@@ -88,8 +89,12 @@ def enqueue(
             seen.add(result.message.id)
             created.append(result.message)
     if created:
-        yield from append_events(
-            event_row(m.id, None, m.status, now, actor, 0, None, m.last_error) for m in created
+        yield from record(
+            MESSAGE_ROWS,
+            [
+                history_row(MESSAGE_ROWS, vars(m), None, at=now, actor=actor, event=LAST_ERROR)
+                for m in created
+            ],
         )
         if dialect == "postgresql":
             # Delivered at commit, so idle workers wake exactly when the rows become visible.
@@ -113,7 +118,7 @@ def _new_row(
         "headers": dict(m.headers),
         "tags": list(m.tags),
         "metadata": dict(m.metadata),
-        "status": (Status.FAILED if suppressed else Status.PENDING).value,
+        "status": MESSAGES.target(Action.SUPPRESS if suppressed else Action.ENQUEUE).value,
         "attempt_count": 0,
         "max_attempts": m.max_attempts or default_max_attempts,
         "next_attempt_at": m.send_at or now,

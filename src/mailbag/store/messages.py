@@ -1,19 +1,13 @@
-"""Reads of outbox messages and their history."""
+"""Reads of outbox messages and their history, and the SQL of a message `Filter`."""
 
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    Row,
-    func,
-    select,
-)
+from sqlalchemy import ColumnElement, Row, and_, func, select, true
 
-from mailbag.domain.message import Message
-from mailbag.domain.states import Status
+from mailbag.domain.message import Filter, Message
 from mailbag.store.message_transitions import message_from_row, om
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import message_events
@@ -27,34 +21,34 @@ def get(message_id: uuid.UUID, tenant_id: str | None = None) -> Plan[Message | N
     return message_from_row(row) if row else None
 
 
+def matching(where: Filter) -> ColumnElement[bool]:
+    """The SQL of a message filter."""
+    conditions: list[ColumnElement[bool]] = []
+    if where.ids is not None:
+        conditions.append(om.c.id.in_(where.ids))
+    if where.status is not None:
+        conditions.append(om.c.status == where.status.value)
+    if where.tenant_id:
+        conditions.append(om.c.tenant_id == where.tenant_id)
+    if where.to:
+        # Local parts are case-sensitive by the RFC but not by any mailbox anyone uses.
+        conditions.append(func.lower(om.c.to_address) == where.to.lower())
+    if where.template:
+        conditions.append(om.c.template_name == where.template)
+    if where.created_from is not None:
+        conditions.append(om.c.created_at >= where.created_from)
+    if where.created_to is not None:
+        conditions.append(om.c.created_at < where.created_to)
+    return and_(true(), *conditions)
+
+
 def page(
-    *,
-    tenant_id: str | None,
-    limit: int,
-    status: Status | None = None,
-    to: str | None = None,
-    template: str | None = None,
-    before: uuid.UUID | None = None,
-    created_from: datetime | None = None,
-    created_to: datetime | None = None,
+    where: Filter, *, limit: int, before: uuid.UUID | None = None
 ) -> Plan[tuple[list[Message], bool]]:
     """Newest first (ids are time-ordered), up to `limit`, and whether more follow."""
-    filters = {
-        om.c.tenant_id: tenant_id,
-        om.c.status: status,
-        # Local parts are case-sensitive by the RFC but not by any mailbox anyone uses.
-        func.lower(om.c.to_address): to.lower() if to else None,
-        om.c.template_name: template,
-    }
-    query = select(om).where(
-        *(column == value for column, value in filters.items() if value is not None)
-    )
+    query = select(om).where(matching(where))
     if before is not None:
         query = query.where(om.c.id < before)
-    if created_from is not None:
-        query = query.where(om.c.created_at >= created_from)
-    if created_to is not None:
-        query = query.where(om.c.created_at < created_to)
     rows = (yield Step(query.order_by(om.c.id.desc()).limit(limit + 1))).all()
     return [message_from_row(row) for row in rows[:limit]], len(rows) > limit
 

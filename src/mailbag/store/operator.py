@@ -7,34 +7,29 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    ColumnElement,
-    and_,
-    delete,
-    exists,
-    select,
-)
+from sqlalchemy import and_, delete, exists, select
 
 from mailbag.domain import states
-from mailbag.domain.message import Message, truncate_error
+from mailbag.domain.message import Filter, Message, truncate_error
 from mailbag.domain.states import Action, Status
 from mailbag.store.database import Dialect
 from mailbag.store.message_transitions import (
     CLAIM_CLEARED,
+    MESSAGE_ROWS,
     Changed,
-    EventSpec,
-    in_states,
+    message_from_row,
     om,
     transition,
 )
-from mailbag.store.plan import Plan, Step
+from mailbag.store.messages import matching
+from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import message_events
+from mailbag.store.transition import EventSpec
 
 
 def requeue(
-    dialect: Dialect,
     *,
-    where: ColumnElement[bool],
+    where: Filter,
     now: datetime,
     actor: str,
     extra_attempts: int,
@@ -45,13 +40,14 @@ def requeue(
     Attempt numbers keep counting (they name provider idempotency keys, which must not be
     reused for a deliberate resend), so the budget grows instead: max = done + extra.
     """
+    dialect = yield from current_dialect()
     return (
         yield from transition(
             dialect,
             Action.REQUEUE,
-            where=where,
+            as_row=message_from_row,
+            where=matching(where),
             values={
-                "status": Status.PENDING.value,
                 "next_attempt_at": now,
                 "max_attempts": om.c.attempt_count + extra_attempts,
                 "ambiguous_since": None,
@@ -66,16 +62,15 @@ def requeue(
     )
 
 
-def cancel(
-    dialect: Dialect, *, where: ColumnElement[bool], now: datetime, actor: str
-) -> Plan[list[Changed[Message]]]:
+def cancel(*, where: Filter, now: datetime, actor: str) -> Plan[list[Changed[Message]]]:
     """Withdraw pending messages (never one a worker holds or already tried)."""
+    dialect = yield from current_dialect()
     return (
         yield from transition(
             dialect,
             Action.CANCEL,
-            where=where,
-            values={"status": Status.CANCELLED.value},
+            as_row=message_from_row,
+            where=matching(where),
             now=now,
             actor=actor,
             event=EventSpec(text="cancelled"),
@@ -84,7 +79,6 @@ def cancel(
 
 
 def resolve(
-    dialect: Dialect,
     *,
     message_id: uuid.UUID,
     sent: bool,
@@ -96,15 +90,17 @@ def resolve(
     """Settle an `unknown` message from evidence: it was accepted (sent) or it was not (failed)."""
     values: dict[str, Any] = {"ambiguous_since": None}
     if sent:
-        values.update(status=Status.SENT.value, sent_at=now)
+        values["sent_at"] = now
         if provider_message_id:
             values["provider_message_id"] = provider_message_id
     else:
-        values.update(status=Status.FAILED.value, last_error=truncate_error(evidence))
+        values["last_error"] = truncate_error(evidence)
+    dialect = yield from current_dialect()
     return (
         yield from transition(
             dialect,
             Action.RESOLVE_SENT if sent else Action.RESOLVE_FAILED,
+            as_row=message_from_row,
             where=om.c.id == message_id,
             values=values,
             now=now,
@@ -115,7 +111,7 @@ def resolve(
 
 
 def flag(
-    dialect: Dialect, *, message_id: uuid.UUID, now: datetime, actor: str, detail: str
+    *, message_id: uuid.UUID, now: datetime, actor: str, detail: str
 ) -> Plan[list[Changed[Message]]]:
     """Mark an unknown message as waiting for an operator, once per stay in `unknown`.
 
@@ -127,10 +123,12 @@ def flag(
         message_events.c.to_status == Status.UNKNOWN.value,
         message_events.c.at >= om.c.updated_at,
     )
+    dialect = yield from current_dialect()
     return (
         yield from transition(
             dialect,
             Action.FLAG,
+            as_row=message_from_row,
             where=and_(om.c.id == message_id, ~flagged_since_last_change),
             values={},
             now=now,
@@ -146,7 +144,7 @@ def purge(dialect: Dialect, *, older_than: datetime, limit: int = 1000) -> Plan[
     Callers repeat it until it returns less than `limit`, one short transaction per chunk, so
     a large purge never holds locks for long. `unknown` messages are never purged.
     """
-    old = and_(in_states(states.TERMINAL), om.c.updated_at < older_than)
+    old = and_(MESSAGE_ROWS.in_states(states.TERMINAL), om.c.updated_at < older_than)
     oldest = select(om.c.id).where(old).order_by(om.c.updated_at).limit(limit)
     ids = (yield Step(oldest)).scalars().all()
     if not ids:

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import delete, func, select
 
 from mailbag.store.database import Dialect
-from mailbag.store.plan import Plan, Step
+from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import suppressions
 
 
@@ -29,7 +29,6 @@ def _suppression(row: Any) -> Suppression:
 
 
 def add(
-    dialect: Dialect,
     *,
     tenant_id: str,
     email: str,
@@ -57,6 +56,7 @@ def add(
         "source_event_id": source_event_id,
         "created_at": now,
     }
+    dialect = yield from current_dialect()
     yield Step(_insert_ignoring_duplicates(dialect).values(values))
     return True
 

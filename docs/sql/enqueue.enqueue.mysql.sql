@@ -1,0 +1,19 @@
+-- enqueue.enqueue (mysql)
+-- Insert messages, idempotently by (tenant, key), without ever aborting the transaction.
+-- Written by `python -m mailbag.store.sqldocs` from the plan; do not edit.
+
+-- step 1
+SELECT suppressions.tenant_id, suppressions.email
+FROM suppressions
+WHERE suppressions.tenant_id IN (:tenant_id_1_1) AND suppressions.email IN (:email_1_1);
+
+-- step 2
+INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, from_address, subject, template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since) VALUES (:id, :tenant_id, :idempotency_key, :to_address, :to_name, :from_address, :subject, :template_name, :template_data, :headers, :tags, :metadata, :status, :attempt_count, :max_attempts, :next_attempt_at, :created_at, :updated_at, :claim_token, :claimed_by, :claimed_at, :lease_expires_at, :provider, :provider_message_id, :last_error, :sent_at, :ambiguous_since) ON DUPLICATE KEY UPDATE id = outbox_messages.id;  -- once per row (executemany)
+
+-- step 3
+SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotency_key, outbox_messages.to_address, outbox_messages.to_name, outbox_messages.from_address, outbox_messages.subject, outbox_messages.template_name, outbox_messages.template_data, outbox_messages.headers, outbox_messages.tags, outbox_messages.metadata, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.max_attempts, outbox_messages.next_attempt_at, outbox_messages.created_at, outbox_messages.updated_at, outbox_messages.claim_token, outbox_messages.claimed_by, outbox_messages.claimed_at, outbox_messages.lease_expires_at, outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.sent_at, outbox_messages.ambiguous_since
+FROM outbox_messages
+WHERE outbox_messages.tenant_id = :tenant_id_1 AND outbox_messages.idempotency_key IN (:idempotency_key_1_1) LOCK IN SHARE MODE;
+
+-- step 4
+INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt, provider_message_id, detail) VALUES (:message_id, :from_status, :to_status, :at, :actor, :attempt, :provider_message_id, :detail);  -- once per row (executemany)

@@ -1,0 +1,14 @@
+-- operator.cancel (sqlite)
+-- Withdraw pending messages (never one a worker holds or already tried).
+-- Written by `python -m mailbag.store.sqldocs` from the plan; do not edit.
+
+-- step 1
+SELECT outbox_messages.id, outbox_messages.status AS previous_state
+FROM outbox_messages
+WHERE outbox_messages.status IN ('pending') AND outbox_messages.id IN (:id_1_1) AND outbox_messages.tenant_id = :tenant_id_1;
+
+-- step 2
+UPDATE outbox_messages SET status='cancelled', updated_at=:updated_at WHERE outbox_messages.id IN (:id_1_1) AND outbox_messages.status IN ('pending') AND outbox_messages.id IN (:id_2_1) AND outbox_messages.tenant_id = :tenant_id_1 RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, subject, template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since;
+
+-- step 3
+INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt, provider_message_id, detail) VALUES (:message_id, :from_status, :to_status, :at, :actor, :attempt, :provider_message_id, :detail);  -- once per row (executemany)

@@ -1,0 +1,92 @@
+"""Sessions: what services hold instead of engines, connections and dialects.
+
+A session is one connection (one transaction, or the caller's own connection when an
+application enqueues inside its transaction) that knows its dialect and runs plans on it:
+
+    async with AsyncDatabase(engine).transaction() as tx:
+        claim = await tx.run(dispatch.claim(worker_id=..., now=..., lease=..., limit=...))
+
+Rules:
+- a session never commits by itself: `transaction()` commits when its block ends without
+  an error (and rolls back otherwise), `connect()` reads and rolls back, and a session
+  made from a caller's connection leaves the transaction to the caller;
+- sync and async differ by the `await` only: both run plans through store.plan, which
+  answers every plan's dialect question from the connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from sqlalchemy import Connection, Engine
+
+from mailbag.database_url import Dialect, dialect_of
+from mailbag.store.database import READ_ONLY
+from mailbag.store.plan import Plan, dialect_of_connection, run, run_async
+
+if TYPE_CHECKING:  # the asyncio extension brings in the ORM: only async callers load it
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+T = TypeVar("T")
+C = TypeVar("C", "Connection", "AsyncConnection")
+E = TypeVar("E", "Engine", "AsyncEngine")
+
+
+class _Bound(Generic[C]):
+    def __init__(self, connection: C) -> None:
+        self.connection: C = connection
+        self.dialect: Dialect = dialect_of_connection(connection)
+
+
+class Session(_Bound[Connection]):
+    """Plans run on one sync connection."""
+
+    def run(self, plan: Plan[T]) -> T:
+        return run(self.connection, plan)
+
+
+class AsyncSession(_Bound["AsyncConnection"]):
+    """Plans run on one async connection."""
+
+    async def run(self, plan: Plan[T]) -> T:
+        return await run_async(self.connection, plan)
+
+
+class _Engine(Generic[E]):
+    def __init__(self, engine: E) -> None:
+        self.engine: E = engine
+        self.dialect: Dialect = dialect_of(engine.url)
+
+
+class Database(_Engine[Engine]):
+    """Sessions on a sync engine's connections."""
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        with self.engine.begin() as conn:
+            yield Session(conn)
+
+    @contextmanager
+    def connect(self, *, read_only: bool = False) -> Iterator[Session]:
+        """A session for reads; `read_only` spares SQLite's write lock."""
+        with self.engine.connect() as conn:
+            yield Session(conn.execution_options(**READ_ONLY) if read_only else conn)
+
+
+class AsyncDatabase(_Engine["AsyncEngine"]):
+    """Sessions on an async engine's connections."""
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        async with self.engine.begin() as conn:
+            yield AsyncSession(conn)
+
+    @asynccontextmanager
+    async def connect(self, *, read_only: bool = False) -> AsyncIterator[AsyncSession]:
+        """A session for reads; `read_only` spares SQLite's write lock."""
+        async with self.engine.connect() as conn:
+            if read_only:
+                conn = await conn.execution_options(**READ_ONLY)
+            yield AsyncSession(conn)
