@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, text
 
+from mailbag.domain.message import Filter
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.states import Action, Status
 from mailbag.services import outbox as outbox_service
@@ -159,8 +160,7 @@ def test_a_stale_claimant_cannot_undo_a_newer_claimants_result(db):
         run(
             conn,
             store.requeue(
-                db.dialect,
-                where=store.om.c.id == msg.id,
+                where=Filter(ids=[msg.id]),
                 now=T0 + LEASE * 2,
                 actor="operator",
                 extra_attempts=5,
@@ -430,8 +430,7 @@ def test_requeue_and_cancel_follow_the_transition_table(db):
         requeued = run(
             conn,
             store.requeue(
-                db.dialect,
-                where=store.om.c.id.in_([pending.id, unknown.id, dead.id, sent.id]),
+                where=Filter(ids=[pending.id, unknown.id, dead.id, sent.id]),
                 now=T0,
                 actor="operator:test",
                 extra_attempts=5,
@@ -444,8 +443,7 @@ def test_requeue_and_cancel_follow_the_transition_table(db):
         cancelled = run(
             conn,
             store.cancel(
-                db.dialect,
-                where=store.om.c.id.in_([pending.id, unknown.id, sent.id]),
+                where=Filter(ids=[pending.id, unknown.id, sent.id]),
                 now=T0,
                 actor="operator:test",
             ),
@@ -468,7 +466,6 @@ def test_resolve_settles_only_unknown_messages(db):
         ok = run(
             conn,
             store.resolve(
-                db.dialect,
                 message_id=a.id,
                 sent=True,
                 now=T0,
@@ -480,7 +477,6 @@ def test_resolve_settles_only_unknown_messages(db):
         no = run(
             conn,
             store.resolve(
-                db.dialect,
                 message_id=b.id,
                 sent=False,
                 now=T0,

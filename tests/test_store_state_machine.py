@@ -22,6 +22,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import select
 
+from mailbag.domain.message import Filter
 from mailbag.domain.states import CLAIMABLE, Action, Status, can_move
 from mailbag.store import outbox as store
 from mailbag.store.outbox import Finalization
@@ -151,18 +152,15 @@ class StoreMachine(RuleBasedStateMachine):
         target = data.draw(st.sampled_from(self.ids))
         before = self._rows()[target].status
         choice = data.draw(st.sampled_from(["requeue", "cancel", "resolve_sent", "resolve_failed"]))
-        where = outbox_messages.c.id == target
+        where = Filter(ids=[target])
         if choice == "requeue":
-            plan = store.requeue(
-                self.db.dialect, where=where, now=self.now, actor="op", extra_attempts=2
-            )
+            plan = store.requeue(where=where, now=self.now, actor="op", extra_attempts=2)
             allowed = before in (Status.UNKNOWN, Status.DEAD)
         elif choice == "cancel":
-            plan = store.cancel(self.db.dialect, where=where, now=self.now, actor="op")
+            plan = store.cancel(where=where, now=self.now, actor="op")
             allowed = before == Status.PENDING
         else:
             plan = store.resolve(
-                self.db.dialect,
                 message_id=target,
                 sent=choice == "resolve_sent",
                 now=self.now,
