@@ -19,6 +19,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
 from mailbag.clock import utcnow
+from mailbag.domain.delivery import Decision
 from mailbag.domain.message import new_message
 from mailbag.domain.states import Action
 from mailbag.store import migrate
@@ -175,14 +176,14 @@ async def claim_batch(engine: Any, db: Database, worker: str, limit: int) -> Any
 
 async def finalize_all(engine: Any, db: Database, claim: Any, action: Action) -> None:
     """Finalize a whole claim one way (sent, released ...), as the worker's finalize does."""
-    outcomes = [store.Finalization(m.id, action, provider_message_id="x") for m in claim.messages]
+    decisions = {m.id: Decision(action, provider_message_id="x") for m in claim.messages}
     async with engine.begin() as conn:
         await run_async(
             conn,
             store.finalize(
                 db.dialect,
                 token=claim.token,
-                outcomes=outcomes,  # type: ignore[arg-type]
+                decisions=decisions,
                 now=utcnow(),
                 actor="bench",
                 provider="bench",

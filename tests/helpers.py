@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
 
+from mailbag.domain.delivery import Decision
 from mailbag.domain.message import NewMessage, new_message
 from mailbag.store import outbox as store
 from mailbag.store.database import READ_ONLY
@@ -50,13 +52,22 @@ def claim(
 
 
 def finalize(
-    db: Any, token: Any, *outcomes: store.Finalization, now: datetime = T0, actor: str = "w1"
+    db: Any,
+    token: Any,
+    *outcomes: tuple[uuid.UUID, Decision],
+    now: datetime = T0,
+    actor: str = "w1",
 ) -> store.Finalized:
     with db.engine.begin() as conn:
         return run(
             conn,
             store.finalize(
-                db.dialect, token=token, outcomes=outcomes, now=now, actor=actor, provider="test"
+                db.dialect,
+                token=token,
+                decisions=dict(outcomes),
+                now=now,
+                actor=actor,
+                provider="test",
             ),
         )
 

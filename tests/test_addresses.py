@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from api_helpers import api_client, new_tenant
 from mailbag.cli import app
-from mailbag.domain.delivery import Accepted, Rejected
+from mailbag.domain.delivery import Accepted, Decision, Rejected
 from mailbag.domain.message import InvalidMessage, new_message
 from mailbag.domain.states import Action, Status
 from mailbag.providers.brevo import BrevoProvider, batch_payload, single_payload
@@ -26,7 +26,6 @@ from mailbag.providers.ses import SESProvider
 from mailbag.services import outbox as outbox_service
 from mailbag.services.reconciliation import Reconciler
 from mailbag.settings import Settings
-from mailbag.store.outbox import Finalization
 
 from brevo_server import BrevoServer, Endpoint
 from brevo_server import _validate_send as validate_brevo_send
@@ -268,7 +267,7 @@ def unknown_message(db: Any, to: str) -> Any:
     finalize(
         db,
         batch.token,
-        Finalization(result.message.id, Action.MARK_UNKNOWN, error="connection lost"),
+        (result.message.id, Decision(Action.MARK_UNKNOWN, error="connection lost")),
         now=datetime.now(UTC),
     )
     return get(db, result.message.id)

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select
 
 from api_helpers import api_client, new_tenant
-from mailbag.domain.delivery import Ambiguous, Rejected
+from mailbag.domain.delivery import Ambiguous, Decision, Rejected
 from mailbag.domain.states import Action
 from mailbag.domain.verification import VERIFICATIONS, VState, digest
 from mailbag.store import outbox as store
@@ -243,7 +243,7 @@ async def test_a_late_failure_never_moves_a_verified_address_back(db, async_engi
                     token=claim.token,
                     now=datetime.now(UTC),
                     actor="late",
-                    outcomes=[store.Finalization(message.id, Action.FAIL, error="550")],
+                    decisions={message.id: Decision(Action.FAIL, error="550")},
                 ),
             )
             moved = await run_async(

@@ -14,8 +14,8 @@ import httpx
 from sqlalchemy import select
 
 from api_helpers import api_client, new_tenant, settings_for
+from mailbag.domain.delivery import Decision
 from mailbag.domain.states import Action
-from mailbag.store.outbox import Finalization
 from mailbag.store.schema import outbox_messages
 
 from helpers import claim, enqueue, events, finalize, get
@@ -73,7 +73,7 @@ def finished(db: Any, action: Action, n: int = 1, **fields: Any) -> list[Any]:
     messages = enqueue(db, n, now=WORKED_ON, **fields)
     batch = claim(db, now=WORKED_ON, limit=n)
     assert {m.id for m in batch.messages} == {m.id for m in messages}
-    outcomes = [Finalization(m.id, action, error="timeout after DATA") for m in messages]
+    outcomes = [(m.id, Decision(action, error="timeout after DATA")) for m in messages]
     finalize(db, batch.token, *outcomes, now=WORKED_ON)
     return messages
 

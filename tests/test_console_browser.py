@@ -16,8 +16,8 @@ import pytest
 
 from api_helpers import settings_for
 from mailbag.api import create_app
+from mailbag.domain.delivery import Decision
 from mailbag.domain.states import Action
-from mailbag.store.outbox import Finalization
 from servers import uvicorn_thread
 
 from helpers import claim, enqueue, finalize, get
@@ -41,7 +41,7 @@ def finished(db: Any, action: Action, at: datetime, **fields: Any) -> Any:
     batch = claim(db, now=at, limit=1)
     assert [m.id for m in batch.messages] == [message.id]
     error = None if action is Action.MARK_SENT else "timeout after DATA"
-    finalize(db, batch.token, Finalization(message.id, action, error=error), now=at)
+    finalize(db, batch.token, (message.id, Decision(action, error=error)), now=at)
     return message
 
 

@@ -17,14 +17,13 @@ from typer.testing import CliRunner
 from api_helpers import api_client, new_tenant
 from mailbag import providers
 from mailbag.cli import app as cli_app
-from mailbag.domain.delivery import Accepted
+from mailbag.domain.delivery import Accepted, Decision
 from mailbag.domain.states import Action, Status
 from mailbag.providers.brevo import BrevoProvider
 from mailbag.services import outbox as outbox_service
 from mailbag.services.reconciliation import Reconciler
 from mailbag.settings import Settings
 from mailbag.store.database import make_async_engine
-from mailbag.store.outbox import Finalization
 from mailbag.store.schema import provider_events, suppressions
 from mailbag.templates import builtin
 from mailbag.worker import Worker, WorkerConfig
@@ -62,7 +61,7 @@ def unknown_message(db: Any, **fields: Any) -> Any:
     finalize(
         db,
         batch.token,
-        Finalization(result.message.id, Action.MARK_UNKNOWN, error="connection lost after DATA"),
+        (result.message.id, Decision(Action.MARK_UNKNOWN, error="connection lost after DATA")),
         now=datetime.now(UTC),
     )
     return get(db, result.message.id)
@@ -144,8 +143,9 @@ async def test_events_match_by_the_providers_message_id_too(db):
     finalize(
         db,
         batch.token,
-        Finalization(
-            result.message.id, Action.MARK_SENT, provider_message_id="<abc@smtp-relay.mailin.fr>"
+        (
+            result.message.id,
+            Decision(Action.MARK_SENT, provider_message_id="<abc@smtp-relay.mailin.fr>"),
         ),
     )
     async with api_client(db, **SECRETS) as api:
@@ -287,7 +287,7 @@ async def test_the_reconciler_uses_events_that_came_before_the_sweep(db, async_e
             api, brevo_event("delivered", **{"X-Mailbag-Message-ID": str(result.message.id)})
         )
         assert r.json()["resolved"] == 0
-    finalize(db, batch.token, Finalization(result.message.id, Action.MARK_UNKNOWN, error="?"))
+    finalize(db, batch.token, (result.message.id, Decision(Action.MARK_UNKNOWN, error="?")))
     outcomes = await Reconciler(async_engine, db.dialect).run_once(datetime.now(UTC))
     assert outcomes == {"resolved_sent": 1}
     assert get(db, result.message.id).status == Status.SENT

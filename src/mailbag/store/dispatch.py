@@ -23,6 +23,7 @@ from sqlalchemy import (
     update,
 )
 
+from mailbag.domain.delivery import Decision
 from mailbag.domain.message import Message, truncate_error
 from mailbag.domain.states import Action, Status
 from mailbag.store.database import Dialect
@@ -51,22 +52,6 @@ LEASE_EXPIRED = "lease expired before the send was finalized; the provider may h
 class Claim:
     token: uuid.UUID
     messages: list[Message]
-
-
-@dataclass(frozen=True)
-class Finalization:
-    """What a worker learned about one claimed message, as the domain decided it."""
-
-    message_id: uuid.UUID
-    action: Action  # MARK_SENT, RETRY, FAIL, BURY, MARK_UNKNOWN or RELEASE
-    provider_message_id: str | None = None
-    error: str | None = None
-    next_attempt_at: datetime | None = None
-    # A retry that reuses the provider idempotency key of an ambiguous send: the attempt is
-    # not spent, so the next one carries the same number and therefore the same key, and
-    # `ambiguous_since` records when that key was first used.
-    keep_attempt: bool = False
-    ambiguous_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -144,29 +129,30 @@ def finalize(
     dialect: Dialect,
     *,
     token: uuid.UUID,
-    outcomes: Sequence[Finalization],
+    decisions: Mapping[uuid.UUID, Decision],
     now: datetime,
     actor: str,
     provider: str | None = None,
 ) -> Plan[Finalized]:
-    """Record what happened to claimed messages, only where the claim is still ours.
+    """Record what the worker decided about claimed messages (by message id), only where the
+    claim is still ours.
 
     The changed rows come back as `Settled` summaries: a worker finalizes thousands of
     messages a second and needs none of their template data.
 
-    Outcomes are grouped so that a batch costs one UPDATE per kind of outcome, however many
+    Decisions are grouped so that a batch costs one UPDATE per kind of decision, however many
     messages it holds. A row whose token no longer matches (the lease expired and was swept,
     or another worker holds it now) is left alone and reported as stale.
     """
-    groups: dict[tuple[Action, bool], list[Finalization]] = defaultdict(list)
-    for outcome in outcomes:
-        if outcome.action not in FINALIZE_ACTIONS:
-            raise ValueError(f"{outcome.action} is not a finalize action")
-        groups[(outcome.action, outcome.keep_attempt)].append(outcome)
+    groups: dict[tuple[Action, bool], dict[uuid.UUID, Decision]] = defaultdict(dict)
+    for message_id, decision in decisions.items():
+        if decision.action not in FINALIZE_ACTIONS:
+            raise ValueError(f"{decision.action} is not a finalize action")
+        groups[(decision.action, decision.keep_attempt)][message_id] = decision
 
     changed: list[Changed[Settled]] = []
     for (action, keep_attempt), group in groups.items():
-        ids = [o.message_id for o in group]
+        ids = list(group)
         values = _finalize_values(action, keep_attempt, group, now, provider)
         changed += yield from transition(
             dialect,
@@ -180,13 +166,13 @@ def finalize(
             or (EventSpec(offset=1, column="last_error") if keep_attempt else LAST_ERROR),
         )
     done = {c.message.id for c in changed}
-    return Finalized(changed, [o.message_id for o in outcomes if o.message_id not in done])
+    return Finalized(changed, [message_id for message_id in decisions if message_id not in done])
 
 
 def _finalize_values(
     action: Action,
     keep_attempt: bool,
-    group: Sequence[Finalization],
+    group: Mapping[uuid.UUID, Decision],
     now: datetime,
     provider: str | None,
 ) -> dict[str, Any]:
@@ -198,8 +184,8 @@ def _finalize_values(
     if action is Action.RELEASE:
         return values
     values["provider"] = provider
-    errors = {o.message_id: truncate_error(o.error) for o in group}
-    provider_ids = {o.message_id: o.provider_message_id for o in group}
+    errors = {i: truncate_error(d.error) for i, d in group.items()}
+    provider_ids = {i: d.provider_message_id for i, d in group.items()}
     if action is Action.MARK_SENT:
         values.update(
             sent_at=now,
@@ -215,9 +201,9 @@ def _finalize_values(
             provider_ids, om.c.provider_message_id.type, om.c.provider_message_id
         )
     if action is Action.RETRY:
-        next_at = {o.message_id: o.next_attempt_at or now for o in group}
+        next_at = {i: d.next_attempt_at or now for i, d in group.items()}
         values["next_attempt_at"] = _per_row(next_at, UTCDateTime(), None)
-        since = {o.message_id: o.ambiguous_since for o in group}
+        since = {i: d.ambiguous_since for i, d in group.items()}
         values["ambiguous_since"] = _per_row(since, UTCDateTime()) if keep_attempt else None
     elif action is not Action.MARK_UNKNOWN:
         values["ambiguous_since"] = None

@@ -4,7 +4,7 @@ claims, decisions and results, never SQL, plans or connections.
 - Each call is one short transaction, bounded by the database timeout: a database that
   does not answer in time is `DatabaseTimeout` (an OSError, one of `DB_ERRORS`).
 - A finalize writes every decision of a batch in one transaction, each claim's under its
-  own token, and verifications follow their email in that same transaction.
+  own token (the store moves the verifications that follow their email in it too).
 - A finalize given up on after its COMMIT left is retried by the writer: the retry finds
   the rows finalized and reports them stale. Noisy, never wrong. A claim given up on the
   same way leaves rows nobody sends: the sweep makes them `unknown`, as for a connection
@@ -24,9 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from mailbag.clock import Clock
 from mailbag.domain.message import Message
 from mailbag.store import dispatch
-from mailbag.store import verifications as verification_store
 from mailbag.store.database import Dialect, dialect_of, within
-from mailbag.store.dispatch import Claim, Finalization, Finalized
+from mailbag.store.dispatch import Claim, Finalized
 from mailbag.store.enqueue import NOTIFY_CHANNEL
 from mailbag.store.message_transitions import Changed
 from mailbag.store.plan import run_async
@@ -84,20 +83,13 @@ class WorkerDatabase:
                     dispatch.finalize(
                         self.dialect,
                         token=token,
-                        outcomes=[_finalization(i) for i in items],
+                        decisions={i.message.id: i.decision for i in items},
                         now=now,
                         actor=self.worker_id,
                         provider=self.provider,
                     ),
                 )
                 results.append((items, finalized))
-                # Verifications follow their email in this same transaction.
-                await run_async(
-                    conn,
-                    verification_store.follow_messages(
-                        self.dialect, finalized.changed, now=now, actor=self.worker_id
-                    ),
-                )
         return results
 
     async def extend_leases(self, by_token: Mapping[uuid.UUID, list[uuid.UUID]]) -> None:
@@ -139,16 +131,3 @@ class WorkerDatabase:
         from mailbag.store.listen import listen
 
         await listen(url, NOTIFY_CHANNEL, on_notify, log, self.timeout)
-
-
-def _finalization(item: Decided) -> Finalization:
-    d = item.decision
-    return Finalization(
-        message_id=item.message.id,
-        action=d.action,
-        provider_message_id=d.provider_message_id,
-        error=d.error,
-        next_attempt_at=d.next_attempt_at,
-        keep_attempt=d.keep_attempt,
-        ambiguous_since=d.ambiguous_since,
-    )
