@@ -22,10 +22,10 @@ from pydantic_settings import (
 )
 
 from mailbag import keys
+from mailbag.database_url import dialect_of
 from mailbag.domain.message import AddressRules
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.verification import TOKEN_PURPOSE, Tokens
-from mailbag.database_url import dialect_of
 
 MIN_ADMIN_PASSWORD_LENGTH = 12
 SECRET_SETTINGS = (
