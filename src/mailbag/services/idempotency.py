@@ -19,10 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
-
 from mailbag.store import idempotency as store
-from mailbag.store.session import AsyncDatabase, AsyncSession
+from mailbag.store.session import AsyncDatabase, AsyncSession, Conflict
 
 KEY_PATTERN = re.compile(r"^[\x20-\x7e]{1,255}$")  # printable ASCII, 1 to 255 characters
 
@@ -121,7 +119,7 @@ async def execute(
                 )
             )
             return response
-    except IntegrityError:
+    except Conflict:
         # Either another request took the key first (replay it), or the work itself hit a
         # unique index (its caller knows what that means).
         async with db.connect() as tx:

@@ -6,9 +6,7 @@ import base64
 import binascii
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
-
-from sqlalchemy.ext.asyncio import AsyncEngine
+from typing import TYPE_CHECKING, Any
 
 from mailbag.domain.message import Filter, Message, NewMessage
 from mailbag.domain.states import Status
@@ -19,6 +17,9 @@ from mailbag.store import messages as store
 from mailbag.store import operator
 from mailbag.store.database import Dialect
 from mailbag.store.session import AsyncDatabase, AsyncSession
+
+if TYPE_CHECKING:  # engines are handed in, never made here
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 ACTOR = "api"
 MAX_PAGE = 100

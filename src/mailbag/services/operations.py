@@ -10,9 +10,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
-
-from sqlalchemy.ext.asyncio import AsyncEngine
+from typing import TYPE_CHECKING, Any
 
 from mailbag.domain.message import Filter as Filter  # where callers meant to find it
 from mailbag.domain.message import Message, normalize_address
@@ -24,6 +22,9 @@ from mailbag.store import suppressions as suppression_store
 from mailbag.store.database import Dialect
 from mailbag.store.message_transitions import Changed
 from mailbag.store.session import AsyncDatabase
+
+if TYPE_CHECKING:  # engines are handed in, never made here
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 BULK_LIMIT = 10_000
 

@@ -14,9 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol, runtime_checkable
-
-from sqlalchemy.ext.asyncio import AsyncEngine
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from mailbag import log, metrics
 from mailbag.compose import rfc_message_id
@@ -31,6 +29,9 @@ from mailbag.store import suppressions as suppression_store
 from mailbag.store.database import Dialect
 from mailbag.store.events import StoredEvent
 from mailbag.store.session import AsyncDatabase, AsyncSession
+
+if TYPE_CHECKING:  # engines are handed in, never made here
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 ACTOR = "reconciler"
 

@@ -17,11 +17,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag.domain.ids import uuid7
 from mailbag.domain.message import Filter, new_message
@@ -44,8 +42,11 @@ from mailbag.store import operator
 from mailbag.store import verifications as store
 from mailbag.store.database import Dialect
 from mailbag.store.schema import email_verifications as ev
-from mailbag.store.session import AsyncDatabase, AsyncSession
+from mailbag.store.session import AsyncDatabase, AsyncSession, Conflict
 from mailbag.store.verifications import Verification
+
+if TYPE_CHECKING:  # engines are handed in, never made here
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 ACTOR = "api"
 # How often a resend that lost a race for its send number starts again (the tenant's send
@@ -200,7 +201,7 @@ class Verifications:
                 ttl=timedelta(hours=self.settings.idempotency_ttl_hours),
                 work=work,
             )
-        except IntegrityError:
+        except Conflict:
             # A concurrent request for the same email (another key) made its verification
             # first: the active-email unique index said so. Name it.
             async with self.db.connect() as tx:

@@ -11,7 +11,9 @@ Rules:
   an error (and rolls back otherwise), `connect()` reads and rolls back, and a session
   made from a caller's connection leaves the transaction to the caller;
 - sync and async differ by the `await` only: both run plans through store.plan, which
-  answers every plan's dialect question from the connection.
+  answers every plan's dialect question from the connection;
+- a write a constraint refuses (in mailbag: a unique index, because another transaction
+  got there first) raises `Conflict`, SQLAlchemy's IntegrityError translated here once.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
 from mailbag.database_url import Dialect, dialect_of
 from mailbag.store.database import READ_ONLY
@@ -34,6 +37,19 @@ C = TypeVar("C", "Connection", "AsyncConnection")
 E = TypeVar("E", "Engine", "AsyncEngine")
 
 
+class Conflict(Exception):
+    """A constraint refused a write: a unique index says another row holds the key. The
+    transaction cannot go on; what it wrote is rolled back when its block ends."""
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except IntegrityError as exc:
+        raise Conflict(str(exc)) from exc
+
+
 class _Bound(Generic[C]):
     def __init__(self, connection: C) -> None:
         self.connection: C = connection
@@ -44,14 +60,16 @@ class Session(_Bound[Connection]):
     """Plans run on one sync connection."""
 
     def run(self, plan: Plan[T]) -> T:
-        return run(self.connection, plan)
+        with _translated():
+            return run(self.connection, plan)
 
 
 class AsyncSession(_Bound["AsyncConnection"]):
     """Plans run on one async connection."""
 
     async def run(self, plan: Plan[T]) -> T:
-        return await run_async(self.connection, plan)
+        with _translated():
+            return await run_async(self.connection, plan)
 
 
 class _Engine(Generic[E]):
