@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from mailbag.settings import Settings
 
 T = TypeVar("T")
-ACTOR = "operator:cli"  # the actor of every audit event a command writes
+ACTOR = "operator:cli"  # the actor of the audit events operator actions write
 
 _settings: Settings | None = None  # this invocation's, once a command asked for them
 
