@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import make_url
 
-from mailbag.store.database import dialect_of
+from mailbag.database_url import dialect_of
 
 if TYPE_CHECKING:
     from pydantic import SecretStr
