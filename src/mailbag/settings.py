@@ -39,6 +39,7 @@ SECRET_SETTINGS = (
     "brevo_api_key",
 )
 
+TLSMode = Literal["auto", "starttls", "implicit", "none"]  # SMTP_TLS: see providers/smtp.py
 ProviderName = str  # one of the registered providers: console, file, smtp, ses, brevo, ...
 
 
@@ -70,7 +71,7 @@ class Settings(BaseSettings):
     smtp_password: SecretStr | None = None
     # auto: STARTTLS when the server offers it; starttls: required; implicit: TLS from the
     # first byte (port 465); none: plain text.
-    smtp_tls: Literal["auto", "starttls", "implicit", "none"] = "auto"
+    smtp_tls: TLSMode = "auto"
     smtp_timeout: float = 30.0
     smtp_tls_verify: bool = True
     smtp_ca_file: Path | None = None  # trust this CA (a private relay, or the tests' own)

@@ -37,7 +37,7 @@ import ssl
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from aiosmtplib import (
     SMTP,
@@ -54,7 +54,7 @@ from mailbag.providers.base import SendOneByOne
 from mailbag.providers.kit import OutcomeClass, describe, envelope_address, failure_outcome, scrub
 
 if TYPE_CHECKING:
-    from mailbag.settings import Settings
+    from mailbag.settings import Settings, TLSMode
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,6 @@ REPLY_START_INPUT: Final = 354
 REPLY_COMPLETED: Final = 250
 REPLY_SERVICE_CLOSING: Final = 421
 REPLY_ACCESS_DENIED: Final = 530  # "authentication required" / "issue STARTTLS first"
-
-TLSMode = Literal["auto", "starttls", "implicit", "none"]  # SMTP_TLS: see the module doc
 
 
 class Phase(enum.Enum):
