@@ -9,12 +9,12 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, text
 
+from mailbag.domain.delivery import Decision
 from mailbag.domain.message import Filter
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.states import Action, Status
 from mailbag.services import outbox as outbox_service
 from mailbag.store import outbox as store
-from mailbag.store.outbox import Finalization
 from mailbag.store.plan import run, run_async
 from mailbag.store.schema import message_events, outbox_messages
 
@@ -133,8 +133,8 @@ def test_unknown_and_dead_are_never_claimable(db):
     finalize(
         db,
         batch.token,
-        Finalization(a.id, Action.MARK_UNKNOWN, error="timeout after DATA"),
-        Finalization(b.id, Action.BURY, error="budget spent"),
+        (a.id, Decision(Action.MARK_UNKNOWN, error="timeout after DATA")),
+        (b.id, Decision(Action.BURY, error="budget spent")),
     )
     assert {get(db, a.id).status, get(db, b.id).status} == {Status.UNKNOWN, Status.DEAD}
     assert claim(db, now=LATER).messages == []
@@ -145,7 +145,7 @@ def test_a_stale_claimant_cannot_finalize_after_a_sweep(db):
     stale = claim(db)
     sweep(db, T0 + LEASE + timedelta(seconds=1))
     result = finalize(
-        db, stale.token, Finalization(msg.id, Action.MARK_SENT, provider_message_id="late-id")
+        db, stale.token, (msg.id, Decision(Action.MARK_SENT, provider_message_id="late-id"))
     )
     assert result.changed == [] and result.stale == [msg.id]
     row = get(db, msg.id)
@@ -168,8 +168,8 @@ def test_a_stale_claimant_cannot_undo_a_newer_claimants_result(db):
         )
     new = claim(db, now=T0 + LEASE * 3, worker="new")
     assert new.token != old.token
-    finalize(db, new.token, Finalization(msg.id, Action.MARK_SENT, provider_message_id="p-new"))
-    late = finalize(db, old.token, Finalization(msg.id, Action.FAIL, error="old worker gave up"))
+    finalize(db, new.token, (msg.id, Decision(Action.MARK_SENT, provider_message_id="p-new")))
+    late = finalize(db, old.token, (msg.id, Decision(Action.FAIL, error="old worker gave up")))
     assert late.stale == [msg.id]
     row = get(db, msg.id)
     assert row.status == Status.SENT and row.provider_message_id == "p-new"
@@ -188,7 +188,7 @@ def test_transient_failures_retry_with_backoff_until_dead(db):
         finalize(
             db,
             batch.token,
-            Finalization(msg.id, action, error=f"451 try {attempt}", next_attempt_at=next_at),
+            (msg.id, Decision(action, error=f"451 try {attempt}", next_attempt_at=next_at)),
             now=now,
         )
         row = get(db, msg.id)
@@ -206,7 +206,7 @@ def test_transient_failures_retry_with_backoff_until_dead(db):
 def test_a_permanent_failure_is_final_at_once(db):
     (msg,) = enqueue(db)
     batch = claim(db)
-    finalize(db, batch.token, Finalization(msg.id, Action.FAIL, error="550 no such user"))
+    finalize(db, batch.token, (msg.id, Decision(Action.FAIL, error="550 no such user")))
     row = get(db, msg.id)
     assert (row.status, row.attempt_count, row.last_error) == (Status.FAILED, 1, "550 no such user")
     assert claim(db, now=LATER).messages == []
@@ -218,7 +218,7 @@ def test_a_successful_finalize_clears_the_claim(db):
     finalize(
         db,
         batch.token,
-        Finalization(msg.id, Action.MARK_SENT, provider_message_id="p1"),
+        (msg.id, Decision(Action.MARK_SENT, provider_message_id="p1")),
         now=T0 + timedelta(seconds=2),
     )
     row = get(db, msg.id)
@@ -238,12 +238,10 @@ def test_a_successful_finalize_clears_the_claim(db):
 def test_release_hands_the_message_back_without_spending_an_attempt(db):
     fresh, retried = enqueue(db, 2)
     batch = claim(db)
-    finalize(
-        db, batch.token, Finalization(retried.id, Action.RETRY, error="421", next_attempt_at=T0)
-    )
+    finalize(db, batch.token, (retried.id, Decision(Action.RETRY, error="421", next_attempt_at=T0)))
     again = claim(db)
-    finalize(db, again.token, Finalization(retried.id, Action.RELEASE))
-    finalize(db, batch.token, Finalization(fresh.id, Action.RELEASE))
+    finalize(db, again.token, (retried.id, Decision(Action.RELEASE)))
+    finalize(db, batch.token, (fresh.id, Decision(Action.RELEASE)))
     assert (get(db, fresh.id).status, get(db, fresh.id).attempt_count) == (Status.PENDING, 0)
     assert (get(db, retried.id).status, get(db, retried.id).attempt_count) == (Status.RETRYING, 1)
     assert {m.id for m in claim(db).messages} == {fresh.id, retried.id}
@@ -253,12 +251,12 @@ def test_a_batch_finalize_applies_each_outcome_in_one_pass(db):
     msgs = enqueue(db, 6)
     batch = claim(db)
     outcomes = [
-        Finalization(msgs[0].id, Action.MARK_SENT, provider_message_id="p0"),
-        Finalization(msgs[1].id, Action.MARK_SENT, provider_message_id="p1"),
-        Finalization(msgs[2].id, Action.RETRY, error="e2", next_attempt_at=T0 + timedelta(1)),
-        Finalization(msgs[3].id, Action.RETRY, error="e3", next_attempt_at=T0 + timedelta(2)),
-        Finalization(msgs[4].id, Action.MARK_UNKNOWN, error="timeout", provider_message_id=None),
-        Finalization(msgs[5].id, Action.FAIL, error="550"),
+        (msgs[0].id, Decision(Action.MARK_SENT, provider_message_id="p0")),
+        (msgs[1].id, Decision(Action.MARK_SENT, provider_message_id="p1")),
+        (msgs[2].id, Decision(Action.RETRY, error="e2", next_attempt_at=T0 + timedelta(1))),
+        (msgs[3].id, Decision(Action.RETRY, error="e3", next_attempt_at=T0 + timedelta(2))),
+        (msgs[4].id, Decision(Action.MARK_UNKNOWN, error="timeout", provider_message_id=None)),
+        (msgs[5].id, Decision(Action.FAIL, error="550")),
     ]
     result = finalize(db, batch.token, *outcomes)
     assert len(result.changed) == 6 and result.stale == []
@@ -275,20 +273,22 @@ def test_a_keyed_retry_keeps_the_attempt_number(db):
     finalize(
         db,
         batch.token,
-        Finalization(
+        (
             msg.id,
-            Action.RETRY,
-            error="read timeout",
-            next_attempt_at=T0,
-            keep_attempt=True,
-            ambiguous_since=T0,
+            Decision(
+                Action.RETRY,
+                error="read timeout",
+                next_attempt_at=T0,
+                keep_attempt=True,
+                ambiguous_since=T0,
+            ),
         ),
     )
     row = get(db, msg.id)
     assert (row.status, row.attempt_count, row.ambiguous_since) == (Status.RETRYING, 0, T0)
     again = claim(db)
     assert again.messages[0].attempt == 1  # the same attempt, hence the same provider key
-    finalize(db, again.token, Finalization(msg.id, Action.MARK_SENT, provider_message_id="p"))
+    finalize(db, again.token, (msg.id, Decision(Action.MARK_SENT, provider_message_id="p")))
     row = get(db, msg.id)
     assert (row.attempt_count, row.ambiguous_since) == (1, None)
 
@@ -421,9 +421,9 @@ def test_requeue_and_cancel_follow_the_transition_table(db):
     finalize(
         db,
         batch.token,
-        Finalization(pending.id, Action.RELEASE),
-        Finalization(unknown.id, Action.MARK_UNKNOWN, error="?"),
-        Finalization(dead.id, Action.BURY, error="x"),
+        (pending.id, Decision(Action.RELEASE)),
+        (unknown.id, Decision(Action.MARK_UNKNOWN, error="?")),
+        (dead.id, Decision(Action.BURY, error="x")),
     )
 
     with db.engine.begin() as conn:
@@ -459,8 +459,8 @@ def test_resolve_settles_only_unknown_messages(db):
     finalize(
         db,
         batch.token,
-        Finalization(a.id, Action.MARK_UNKNOWN, error="timeout"),
-        Finalization(b.id, Action.MARK_SENT, provider_message_id="pb"),
+        (a.id, Decision(Action.MARK_UNKNOWN, error="timeout")),
+        (b.id, Decision(Action.MARK_SENT, provider_message_id="pb")),
     )
     with db.engine.begin() as conn:
         ok = run(
@@ -494,8 +494,8 @@ def test_purge_deletes_old_finished_messages_only(db):
     finalize(
         db,
         batch.token,
-        Finalization(old_sent.id, Action.MARK_SENT, provider_message_id="p"),
-        Finalization(old_unknown.id, Action.MARK_UNKNOWN, error="?"),
+        (old_sent.id, Decision(Action.MARK_SENT, provider_message_id="p")),
+        (old_unknown.id, Decision(Action.MARK_UNKNOWN, error="?")),
     )
     # `recent` stays processing, and unknown is never purged: only old_sent goes.
     with db.engine.begin() as conn:
@@ -528,7 +528,7 @@ def test_enqueue_rejects_nothing_it_validated_and_writes_text_verbatim(db):
 def test_last_error_keeps_at_most_2000_characters(db, length):
     (msg,) = enqueue(db)
     batch = claim(db)
-    finalize(db, batch.token, Finalization(msg.id, Action.FAIL, error="e" * length))
+    finalize(db, batch.token, (msg.id, Decision(Action.FAIL, error="e" * length)))
     stored = get(db, msg.id).last_error
     assert len(stored) == min(length, 2000)
     assert events(db, msg.id)[-1].detail == stored

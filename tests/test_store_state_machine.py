@@ -22,10 +22,10 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import select
 
+from mailbag.domain.delivery import Decision
 from mailbag.domain.message import Filter
 from mailbag.domain.states import CLAIMABLE, Action, Status, can_move
 from mailbag.store import outbox as store
-from mailbag.store.outbox import Finalization
 from mailbag.store.plan import run
 from mailbag.store.schema import message_events, outbox_messages
 
@@ -106,29 +106,35 @@ class StoreMachine(RuleBasedStateMachine):
             st.lists(st.sampled_from(batch.messages), min_size=1, unique_by=lambda m: m.id)
         )
         outcomes = [
-            Finalization(
+            (
                 m.id,
-                data.draw(st.sampled_from(FINAL_ACTIONS)),
-                provider_message_id=f"p-{m.id.hex[:6]}",
-                error="boom",
-                next_attempt_at=self.now + timedelta(seconds=data.draw(st.integers(0, 90))),
+                Decision(
+                    data.draw(st.sampled_from(FINAL_ACTIONS)),
+                    provider_message_id=f"p-{m.id.hex[:6]}",
+                    error="boom",
+                    next_attempt_at=self.now + timedelta(seconds=data.draw(st.integers(0, 90))),
+                ),
             )
             for m in picked
         ]
         before = self._rows()
         held = {
-            o.message_id
-            for o in outcomes
-            if before[o.message_id].claim_token == batch.token
-            and before[o.message_id].status == Status.PROCESSING
+            message_id
+            for message_id, _ in outcomes
+            if before[message_id].claim_token == batch.token
+            and before[message_id].status == Status.PROCESSING
         }
         result = self._run(
             store.finalize(
-                self.db.dialect, token=batch.token, outcomes=outcomes, now=self.now, actor="w"
+                self.db.dialect,
+                token=batch.token,
+                decisions=dict(outcomes),
+                now=self.now,
+                actor="w",
             )
         )
         assert {c.message.id for c in result.changed} == held
-        assert set(result.stale) == {o.message_id for o in outcomes} - held
+        assert set(result.stale) == {message_id for message_id, _ in outcomes} - held
 
     @rule(seconds=st.integers(1, 120))
     def tick(self, seconds: int) -> None:
