@@ -22,8 +22,9 @@ from mailbag.clock import utcnow
 from mailbag.domain.delivery import Decision
 from mailbag.domain.message import new_message
 from mailbag.domain.states import Action
-from mailbag.store import migrate
-from mailbag.store import outbox as store
+from mailbag.store import dispatch, migrate
+from mailbag.store import enqueue as enqueue_store
+from mailbag.store import messages as message_store
 from mailbag.store.database import READ_ONLY, dialect_of, make_engine
 from mailbag.store.plan import run, run_async
 
@@ -96,7 +97,7 @@ def seed(db: Database, n: int, *, chunk: int = 2000) -> list[uuid.UUID]:
             ]
             results = run(
                 conn,
-                store.enqueue(
+                enqueue_store.enqueue(
                     db.dialect,
                     batch,
                     now=now,  # type: ignore[arg-type]
@@ -109,7 +110,7 @@ def seed(db: Database, n: int, *, chunk: int = 2000) -> list[uuid.UUID]:
 
 def counts(db: Database) -> dict[str, int]:
     with db.engine.connect().execution_options(**READ_ONLY) as conn:
-        return run(conn, store.count_by_status())
+        return run(conn, message_store.count_by_status())
 
 
 def worker_env(db: Database, sink_dir: Path, **settings: Any) -> dict[str, str]:
@@ -164,7 +165,7 @@ async def claim_batch(engine: Any, db: Database, worker: str, limit: int) -> Any
     async with engine.begin() as conn:
         return await run_async(
             conn,
-            store.claim(
+            dispatch.claim(
                 db.dialect,
                 worker_id=worker,
                 now=utcnow(),  # type: ignore[arg-type]
@@ -180,7 +181,7 @@ async def finalize_all(engine: Any, db: Database, claim: Any, action: Action) ->
     async with engine.begin() as conn:
         await run_async(
             conn,
-            store.finalize(
+            dispatch.finalize(
                 db.dialect,
                 token=claim.token,
                 decisions=decisions,

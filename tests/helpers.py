@@ -12,7 +12,9 @@ from sqlalchemy import func, select
 
 from mailbag.domain.delivery import Decision
 from mailbag.domain.message import NewMessage, new_message
-from mailbag.store import outbox as store
+from mailbag.store import dispatch, message_transitions
+from mailbag.store import enqueue as enqueue_store
+from mailbag.store import messages as message_store
 from mailbag.store.database import READ_ONLY
 from mailbag.store.plan import run
 from mailbag.store.schema import message_events, outbox_messages
@@ -32,7 +34,7 @@ def enqueue(db: Any, n: int = 1, now: datetime = T0, **fields: Any) -> list[Any]
     with db.engine.begin() as conn:
         results = run(
             conn,
-            store.enqueue(
+            enqueue_store.enqueue(
                 db.dialect,
                 [message(i, **fields) for i in range(n)],
                 now=now,
@@ -44,10 +46,10 @@ def enqueue(db: Any, n: int = 1, now: datetime = T0, **fields: Any) -> list[Any]
 
 def claim(
     db: Any, now: datetime = T0, limit: int = 100, worker: str = "w1", lease: timedelta = LEASE
-) -> store.Claim:
+) -> dispatch.Claim:
     with db.engine.begin() as conn:
         return run(
-            conn, store.claim(db.dialect, worker_id=worker, now=now, lease=lease, limit=limit)
+            conn, dispatch.claim(db.dialect, worker_id=worker, now=now, lease=lease, limit=limit)
         )
 
 
@@ -57,11 +59,11 @@ def finalize(
     *outcomes: tuple[uuid.UUID, Decision],
     now: datetime = T0,
     actor: str = "w1",
-) -> store.Finalized:
+) -> dispatch.Finalized:
     with db.engine.begin() as conn:
         return run(
             conn,
-            store.finalize(
+            dispatch.finalize(
                 db.dialect,
                 token=token,
                 decisions=dict(outcomes),
@@ -72,25 +74,25 @@ def finalize(
         )
 
 
-def sweep(db: Any, now: datetime) -> list[store.Changed]:
+def sweep(db: Any, now: datetime) -> list[message_transitions.Changed]:
     with db.engine.begin() as conn:
-        return run(conn, store.sweep_expired(db.dialect, now=now, actor="sweeper"))
+        return run(conn, dispatch.sweep_expired(db.dialect, now=now, actor="sweeper"))
 
 
 def get(db: Any, message_id: Any) -> Any:
     with db.engine.connect().execution_options(**READ_ONLY) as conn:
-        return run(conn, store.get(message_id))
+        return run(conn, message_store.get(message_id))
 
 
 def events(db: Any, message_id: Any) -> list[Any]:
     with db.engine.connect() as conn:
-        return run(conn, store.events(message_id))
+        return run(conn, message_store.events(message_id))
 
 
 def status_counts(db: Any) -> dict[str, int]:
     """Messages by state. Read-only: on SQLite it must not queue behind a running worker."""
     with db.engine.connect().execution_options(**READ_ONLY) as conn:
-        return run(conn, store.count_by_status())
+        return run(conn, message_store.count_by_status())
 
 
 async def run_worker_until(

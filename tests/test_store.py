@@ -14,7 +14,9 @@ from mailbag.domain.message import Filter
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.states import Action, Status
 from mailbag.services import outbox as outbox_service
-from mailbag.store import outbox as store
+from mailbag.store import dispatch, operator
+from mailbag.store import enqueue as enqueue_store
+from mailbag.store import messages as message_store
 from mailbag.store.plan import run, run_async
 from mailbag.store.schema import message_events, outbox_messages
 
@@ -49,7 +51,7 @@ def test_concurrent_claimers_take_every_row_exactly_once(db):
     with db.engine.begin() as conn:
         run(
             conn,
-            store.enqueue(
+            enqueue_store.enqueue(
                 db.dialect, [message(i) for i in range(total)], now=T0, default_max_attempts=5
             ),
         )
@@ -65,7 +67,7 @@ def test_concurrent_claimers_take_every_row_exactly_once(db):
                 with engine.begin() as conn:
                     batch = run(
                         conn,
-                        store.claim(
+                        dispatch.claim(
                             db.dialect, worker_id=f"w{index}", now=T0, lease=LEASE, limit=25
                         ),
                     )
@@ -159,7 +161,7 @@ def test_a_stale_claimant_cannot_undo_a_newer_claimants_result(db):
     with db.engine.begin() as conn:
         run(
             conn,
-            store.requeue(
+            operator.requeue(
                 where=Filter(ids=[msg.id]),
                 now=T0 + LEASE * 2,
                 actor="operator",
@@ -301,7 +303,7 @@ def test_extend_lease_keeps_a_slow_send_from_being_swept(db):
         assert (
             run(
                 conn,
-                store.extend_lease(
+                dispatch.extend_lease(
                     db.dialect, token=batch.token, ids=[msg.id], now=later, lease=LEASE
                 ),
             )
@@ -312,7 +314,7 @@ def test_extend_lease_keeps_a_slow_send_from_being_swept(db):
         assert (
             run(
                 conn,
-                store.extend_lease(
+                dispatch.extend_lease(
                     db.dialect,
                     token=batch.token.__class__(int=1),
                     ids=[msg.id],
@@ -410,7 +412,7 @@ async def test_enqueue_inside_an_async_callers_transaction(db, async_engine):
         )
     assert first.created and not dup.created and first.message.id == dup.message.id
     async with async_engine.connect() as conn:
-        row = await run_async(conn, store.get(first.message.id))
+        row = await run_async(conn, message_store.get(first.message.id))
     assert row is not None and row.status == Status.PENDING
 
 
@@ -429,7 +431,7 @@ def test_requeue_and_cancel_follow_the_transition_table(db):
     with db.engine.begin() as conn:
         requeued = run(
             conn,
-            store.requeue(
+            operator.requeue(
                 where=Filter(ids=[pending.id, unknown.id, dead.id, sent.id]),
                 now=T0,
                 actor="operator:test",
@@ -442,7 +444,7 @@ def test_requeue_and_cancel_follow_the_transition_table(db):
     with db.engine.begin() as conn:
         cancelled = run(
             conn,
-            store.cancel(
+            operator.cancel(
                 where=Filter(ids=[pending.id, unknown.id, sent.id]),
                 now=T0,
                 actor="operator:test",
@@ -465,7 +467,7 @@ def test_resolve_settles_only_unknown_messages(db):
     with db.engine.begin() as conn:
         ok = run(
             conn,
-            store.resolve(
+            operator.resolve(
                 message_id=a.id,
                 sent=True,
                 now=T0,
@@ -476,7 +478,7 @@ def test_resolve_settles_only_unknown_messages(db):
         )
         no = run(
             conn,
-            store.resolve(
+            operator.resolve(
                 message_id=b.id,
                 sent=False,
                 now=T0,
@@ -499,7 +501,7 @@ def test_purge_deletes_old_finished_messages_only(db):
     )
     # `recent` stays processing, and unknown is never purged: only old_sent goes.
     with db.engine.begin() as conn:
-        assert run(conn, store.purge(db.dialect, older_than=T0 + timedelta(days=1))) == 1
+        assert run(conn, operator.purge(db.dialect, older_than=T0 + timedelta(days=1))) == 1
     assert get(db, old_sent.id) is None
     assert get(db, old_unknown.id).status == Status.UNKNOWN
     assert get(db, recent.id) is not None

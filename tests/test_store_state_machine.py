@@ -25,7 +25,8 @@ from sqlalchemy import select
 from mailbag.domain.delivery import Decision
 from mailbag.domain.message import Filter
 from mailbag.domain.states import CLAIMABLE, Action, Status, can_move
-from mailbag.store import outbox as store
+from mailbag.store import dispatch, operator
+from mailbag.store import enqueue as enqueue_store
 from mailbag.store.plan import run
 from mailbag.store.schema import message_events, outbox_messages
 
@@ -47,7 +48,7 @@ class StoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.db = db
         self.now = T0
-        self.claims: list[store.Claim] = []
+        self.claims: list[dispatch.Claim] = []
         self.ids: list[Any] = []
         self.serial = 0
 
@@ -71,7 +72,7 @@ class StoreMachine(RuleBasedStateMachine):
             key = f"k{self.serial % 5}" if keyed else None
             batch.append(message(self.serial, idempotency_key=key))
         results = self._run(
-            store.enqueue(self.db.dialect, batch, now=self.now, default_max_attempts=3)
+            enqueue_store.enqueue(self.db.dialect, batch, now=self.now, default_max_attempts=3)
         )
         for result in results:
             if result.created:
@@ -84,7 +85,7 @@ class StoreMachine(RuleBasedStateMachine):
     def claim(self, limit: int) -> None:
         before = self._rows()
         batch = self._run(
-            store.claim(self.db.dialect, worker_id="w", now=self.now, lease=LEASE, limit=limit)
+            dispatch.claim(self.db.dialect, worker_id="w", now=self.now, lease=LEASE, limit=limit)
         )
         assert len(batch.messages) <= limit
         for m in batch.messages:
@@ -125,7 +126,7 @@ class StoreMachine(RuleBasedStateMachine):
             and before[message_id].status == Status.PROCESSING
         }
         result = self._run(
-            store.finalize(
+            dispatch.finalize(
                 self.db.dialect,
                 token=batch.token,
                 decisions=dict(outcomes),
@@ -143,7 +144,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule()
     def sweep(self) -> None:
         before = self._rows()
-        swept = self._run(store.sweep_expired(self.db.dialect, now=self.now, actor="sweeper"))
+        swept = self._run(dispatch.sweep_expired(self.db.dialect, now=self.now, actor="sweeper"))
         expected = {
             i
             for i, r in before.items()
@@ -160,13 +161,13 @@ class StoreMachine(RuleBasedStateMachine):
         choice = data.draw(st.sampled_from(["requeue", "cancel", "resolve_sent", "resolve_failed"]))
         where = Filter(ids=[target])
         if choice == "requeue":
-            plan = store.requeue(where=where, now=self.now, actor="op", extra_attempts=2)
+            plan = operator.requeue(where=where, now=self.now, actor="op", extra_attempts=2)
             allowed = before in (Status.UNKNOWN, Status.DEAD)
         elif choice == "cancel":
-            plan = store.cancel(where=where, now=self.now, actor="op")
+            plan = operator.cancel(where=where, now=self.now, actor="op")
             allowed = before == Status.PENDING
         else:
-            plan = store.resolve(
+            plan = operator.resolve(
                 message_id=target,
                 sent=choice == "resolve_sent",
                 now=self.now,
