@@ -87,8 +87,11 @@ class OutcomeWriter(Generic[T, R]):
                         await self._arrived.wait()
                 except TimeoutError:
                     break
-        batch = self._waiting[: self.max_size]
-        del self._waiting[: self.max_size]
+        if len(self._waiting) <= self.max_size:  # the usual case: take them all, no copy
+            batch, self._waiting = self._waiting, []
+        else:
+            batch = self._waiting[: self.max_size]
+            del self._waiting[: self.max_size]
         return batch
 
     async def _write(self, batch: list[T]) -> R:
