@@ -12,7 +12,7 @@ from api_helpers import api_client, new_tenant
 from mailbag.domain.delivery import Ambiguous, Decision, Rejected
 from mailbag.domain.states import Action
 from mailbag.domain.verification import VERIFICATIONS, VState, digest
-from mailbag.store import outbox as store
+from mailbag.store import dispatch
 from mailbag.store.plan import run_async
 from mailbag.store.schema import email_verifications, idempotency_records, verification_events
 from mailbag.store.verifications import follow_messages
@@ -228,7 +228,7 @@ async def test_a_late_failure_never_moves_a_verified_address_back(db, async_engi
         async with async_engine.begin() as conn:
             claim = await run_async(
                 conn,
-                store.claim(
+                dispatch.claim(
                     db.dialect,
                     worker_id="late",
                     now=datetime.now(UTC) + timedelta(seconds=1),
@@ -238,7 +238,7 @@ async def test_a_late_failure_never_moves_a_verified_address_back(db, async_engi
             )
             done = await run_async(
                 conn,
-                store.finalize(
+                dispatch.finalize(
                     db.dialect,
                     token=claim.token,
                     now=datetime.now(UTC),
