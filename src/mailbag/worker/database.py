@@ -31,6 +31,8 @@ from mailbag.store.message_transitions import Changed
 from mailbag.store.plan import run_async
 from mailbag.worker.ledger import Decided
 
+__all__ = ["Finalized", "WorkerDatabase", "Written"]
+
 Written = list[tuple[list[Decided], Finalized]]  # each claim's decisions, and what became of them
 
 

@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mailbag import log, metrics
-from mailbag.store.dispatch import Finalized
-from mailbag.worker.database import Written
+from mailbag.worker.database import Finalized, Written
 from mailbag.worker.ledger import Decided
 
 
