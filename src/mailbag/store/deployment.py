@@ -4,13 +4,13 @@ start of serve, api and worker (runtime.check_key)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import select
 
 from mailbag.store.database import Dialect
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import deployment
+from mailbag.store.types import insert_into, insert_unless_taken
 
 ROW_ID = 1
 
@@ -18,17 +18,15 @@ ROW_ID = 1
 def record_key_check(dialect: Dialect, key_check: str, now: datetime) -> Plan[None]:
     """Store the check value unless one is stored: replicas starting together on a new
     database all try, the first one's value stays."""
-    statement = _insert(dialect).values(id=ROW_ID, key_check=key_check, created_at=now)
-    if dialect == "mysql":
-        # Not INSERT IGNORE: that would also turn other errors into warnings.
-        yield Step(statement.on_duplicate_key_update(id=deployment.c.id))
-    else:
-        yield Step(statement.on_conflict_do_nothing(index_elements=[deployment.c.id]))
+    statement = insert_unless_taken(dialect, deployment, (deployment.c.id,))
+    yield Step(statement.values(id=ROW_ID, key_check=key_check, created_at=now))
 
 
 def replace_key_check(dialect: Dialect, key_check: str, now: datetime) -> Plan[None]:
     """Store the check value in place of whatever is stored (the operator changed the key)."""
-    statement = _insert(dialect).values(id=ROW_ID, key_check=key_check, created_at=now)
+    statement = insert_into(dialect, deployment).values(
+        id=ROW_ID, key_check=key_check, created_at=now
+    )
     if dialect == "mysql":
         yield Step(statement.on_duplicate_key_update(key_check=key_check, created_at=now))
     else:
@@ -43,17 +41,3 @@ def replace_key_check(dialect: Dialect, key_check: str, now: datetime) -> Plan[N
 def stored_key_check() -> Plan[str | None]:
     row = (yield Step(select(deployment.c.key_check).where(deployment.c.id == ROW_ID))).first()
     return None if row is None else str(row.key_check)
-
-
-def _insert(dialect: Dialect) -> Any:
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        return pg_insert(deployment)
-    if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        return sqlite_insert(deployment)
-    from sqlalchemy.dialects.mysql import insert as mysql_insert
-
-    return mysql_insert(deployment)

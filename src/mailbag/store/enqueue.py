@@ -14,9 +14,6 @@ from sqlalchemy import (
     func,
     select,
 )
-from sqlalchemy.dialects import mysql as mysql_dialect
-from sqlalchemy.dialects import postgresql as pg_dialect
-from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from mailbag.domain.ids import uuid7
 from mailbag.domain.message import Message, NewMessage
@@ -26,6 +23,7 @@ from mailbag.store.database import Dialect
 from mailbag.store.message_transitions import LAST_ERROR, MESSAGE_ROWS, message_from_row, om
 from mailbag.store.plan import Plan, Step
 from mailbag.store.transition import history_row, record
+from mailbag.store.types import insert_unless_taken
 
 NOTIFY_CHANNEL = "mailbag_outbox"
 
@@ -58,7 +56,8 @@ def enqueue(
         _new_row(m, now, default_max_attempts, (m.tenant_id, m.to_address.lower()) in suppressed)
         for m in messages
     ]
-    yield Step(_insert_ignoring_taken_keys(dialect), rows)
+    taken_keys = insert_unless_taken(dialect, om, (om.c.tenant_id, om.c.idempotency_key))
+    yield Step(taken_keys, rows)
 
     taken_by: dict[tuple[str, str], Message] = {}
     keys_by_tenant: dict[str, list[str]] = defaultdict(list)
@@ -134,16 +133,3 @@ def _new_row(
         "sent_at": None,
         "ambiguous_since": None,
     }
-
-
-def _insert_ignoring_taken_keys(dialect: Dialect) -> Any:
-    if dialect == "postgresql":
-        return pg_dialect.insert(om).on_conflict_do_nothing(
-            index_elements=[om.c.tenant_id, om.c.idempotency_key]
-        )
-    if dialect == "sqlite":
-        return sqlite_dialect.insert(om).on_conflict_do_nothing(
-            index_elements=[om.c.tenant_id, om.c.idempotency_key]
-        )
-    # Not INSERT IGNORE: that would also turn truncation and other errors into warnings.
-    return mysql_dialect.insert(om).on_duplicate_key_update(id=om.c.id)

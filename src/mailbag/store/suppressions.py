@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 
-from mailbag.store.database import Dialect
 from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import suppressions
+from mailbag.store.types import insert_unless_taken
 
 
 @dataclass(frozen=True)
@@ -57,23 +57,9 @@ def add(
         "created_at": now,
     }
     dialect = yield from current_dialect()
-    yield Step(_insert_ignoring_duplicates(dialect).values(values))
-    return True
-
-
-def _insert_ignoring_duplicates(dialect: Dialect) -> Any:
     # Two bounces for one address can arrive at once; the second must not fail the first.
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        return pg_insert(suppressions).on_conflict_do_nothing()
-    if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        return sqlite_insert(suppressions).on_conflict_do_nothing()
-    from sqlalchemy.dialects.mysql import insert as mysql_insert
-
-    return mysql_insert(suppressions).on_duplicate_key_update(id=suppressions.c.id)
+    yield Step(insert_unless_taken(dialect, suppressions).values(values))
+    return True
 
 
 def remove(*, tenant_id: str, email: str) -> Plan[bool]:

@@ -1,12 +1,14 @@
-"""Column types that behave the same on SQLite, PostgreSQL and MariaDB."""
+"""Column types, and the INSERTs that tolerate a taken key, that behave the same on SQLite,
+PostgreSQL and MariaDB."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Dialect, Integer
-from sqlalchemy.dialects import mysql, postgresql
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Dialect, Integer, Table
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 
@@ -50,3 +52,22 @@ def json_type() -> TypeEngine[Any]:
 def bigint_pk() -> TypeEngine[int]:
     """SQLite only auto-increments an INTEGER PRIMARY KEY."""
     return BigInteger().with_variant(Integer(), "sqlite")
+
+
+def insert_into(dialect: str, table: Table) -> Any:
+    """The dialect's own INSERT, which can say what to do with a taken key."""
+    if dialect == "postgresql":
+        return postgresql.insert(table)
+    if dialect == "sqlite":
+        return sqlite.insert(table)
+    return mysql.insert(table)
+
+
+def insert_unless_taken(dialect: str, table: Table, key: Sequence[Column[Any]] = ()) -> Any:
+    """An INSERT that skips a row whose unique `key` (any unique key, if none is named) is
+    taken, without aborting the transaction. On MariaDB `ON DUPLICATE KEY UPDATE id = id`,
+    never INSERT IGNORE: that would also turn truncation and other errors into warnings."""
+    insert = insert_into(dialect, table)
+    if dialect == "mysql":
+        return insert.on_duplicate_key_update(id=table.c.id)
+    return insert.on_conflict_do_nothing(index_elements=list(key) or None)
