@@ -23,8 +23,10 @@ from mailbag.clock import utcnow
 from mailbag.domain.message import NewMessage, new_message
 from mailbag.domain.policy import RetryPolicy
 from mailbag.store import enqueue as store
+from mailbag.store.database import Dialect
 from mailbag.store.enqueue import Enqueued
-from mailbag.store.plan import Plan, dialect_of_connection, run, run_async
+from mailbag.store.plan import Plan
+from mailbag.store.session import AsyncSession, Session
 
 if TYPE_CHECKING:  # the asyncio extension brings in the ORM: sync callers never need it
     from sqlalchemy.ext.asyncio import AsyncConnection
@@ -33,14 +35,14 @@ DEFAULT_MAX_ATTEMPTS = RetryPolicy().max_attempts
 
 
 def _plan(
-    conn: Connection | AsyncConnection,
+    dialect: Dialect,
     messages: Sequence[NewMessage],
     max_attempts: int,
     actor: str,
     now: datetime | None,
 ) -> Plan[list[Enqueued]]:
     return store.enqueue(
-        dialect_of_connection(conn),
+        dialect,
         messages,
         now=now or utcnow(),
         default_max_attempts=max_attempts,
@@ -66,7 +68,8 @@ def enqueue_many(
     actor: str = "app",
     now: datetime | None = None,
 ) -> list[Enqueued]:
-    results = run(conn, _plan(conn, messages, max_attempts, actor, now))
+    session = Session(conn)
+    results = session.run(_plan(session.dialect, messages, max_attempts, actor, now))
     return _enqueued(results, conn)
 
 
@@ -78,7 +81,8 @@ async def enqueue_many_async(
     actor: str = "app",
     now: datetime | None = None,
 ) -> list[Enqueued]:
-    results = await run_async(conn, _plan(conn, messages, max_attempts, actor, now))
+    session = AsyncSession(conn)
+    results = await session.run(_plan(session.dialect, messages, max_attempts, actor, now))
     return _enqueued(results, conn.sync_connection)  # type: ignore[arg-type]
 
 
