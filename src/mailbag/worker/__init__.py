@@ -13,7 +13,8 @@ The parts, one concern each:
 - leases.py `LeaseKeeper`: extends the leases of everything held while entered;
 - supervisor.py `SideTasks`: the side tasks, started in one place; one that ends halts;
 - database.py `WorkerDatabase`: every database call the worker makes;
-- failures.py: DB_ERRORS, Backoff, describe, WorkerFailed; config.py: WorkerConfig.
+- report.py `Report`: stats, metrics and the per-message log lines of what was written;
+- failures.py: DB_ERRORS, Backoff, WorkerFailed; config.py: WorkerConfig, PeriodicJob.
 
 Failure handling, in short:
 - a database error anywhere backs the loop off (1 s doubling to 30 s) and it resumes;
