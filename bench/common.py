@@ -98,7 +98,6 @@ def seed(db: Database, n: int, *, chunk: int = 2000) -> list[uuid.UUID]:
             results = run(
                 conn,
                 enqueue_store.enqueue(
-                    db.dialect,
                     batch,
                     now=now,  # type: ignore[arg-type]
                     default_max_attempts=5,
@@ -166,7 +165,6 @@ async def claim_batch(engine: Any, db: Database, worker: str, limit: int) -> Any
         return await run_async(
             conn,
             dispatch.claim(
-                db.dialect,
                 worker_id=worker,
                 now=utcnow(),  # type: ignore[arg-type]
                 lease=timedelta(minutes=5),
@@ -182,7 +180,6 @@ async def finalize_all(engine: Any, db: Database, claim: Any, action: Action) ->
         await run_async(
             conn,
             dispatch.finalize(
-                db.dialect,
                 token=claim.token,
                 decisions=decisions,
                 now=utcnow(),

@@ -35,7 +35,6 @@ def enqueue(db: Any, n: int = 1, now: datetime = T0, **fields: Any) -> list[Any]
         results = run(
             conn,
             enqueue_store.enqueue(
-                db.dialect,
                 [message(i, **fields) for i in range(n)],
                 now=now,
                 default_max_attempts=5,
@@ -48,9 +47,7 @@ def claim(
     db: Any, now: datetime = T0, limit: int = 100, worker: str = "w1", lease: timedelta = LEASE
 ) -> dispatch.Claim:
     with db.engine.begin() as conn:
-        return run(
-            conn, dispatch.claim(db.dialect, worker_id=worker, now=now, lease=lease, limit=limit)
-        )
+        return run(conn, dispatch.claim(worker_id=worker, now=now, lease=lease, limit=limit))
 
 
 def finalize(
@@ -64,7 +61,6 @@ def finalize(
         return run(
             conn,
             dispatch.finalize(
-                db.dialect,
                 token=token,
                 decisions=dict(outcomes),
                 now=now,
@@ -76,7 +72,7 @@ def finalize(
 
 def sweep(db: Any, now: datetime) -> list[message_transitions.Changed]:
     with db.engine.begin() as conn:
-        return run(conn, dispatch.sweep_expired(db.dialect, now=now, actor="sweeper"))
+        return run(conn, dispatch.sweep_expired(now=now, actor="sweeper"))
 
 
 def get(db: Any, message_id: Any) -> Any:

@@ -294,9 +294,7 @@ async def test_reconciliation_never_settles_from_someone_elses_record(db, async_
             200, {"count": 1, "transactionalEmails": [other]}, endpoint=Endpoint.LOOKUP, times=10
         )
         provider = BrevoProvider(api_key=brevo.api_key, base_url=brevo.url)
-        reconciler = Reconciler(
-            async_engine, db.dialect, provider=provider, flag_after=timedelta(0)
-        )
+        reconciler = Reconciler(async_engine, provider=provider, flag_after=timedelta(0))
         outcomes = await reconciler.run_once(datetime.now(UTC))
         await provider.aclose()
     assert outcomes == {"flagged": 1}
@@ -313,9 +311,7 @@ async def test_reconciliation_settles_from_the_messages_own_record(db, async_eng
             200, {"count": 2, "transactionalEmails": [other, mine]}, endpoint=Endpoint.LOOKUP
         )
         provider = BrevoProvider(api_key=brevo.api_key, base_url=brevo.url)
-        outcomes = await Reconciler(async_engine, db.dialect, provider=provider).run_once(
-            datetime.now(UTC)
-        )
+        outcomes = await Reconciler(async_engine, provider=provider).run_once(datetime.now(UTC))
         await provider.aclose()
     assert outcomes == {"resolved_sent": 1}
     assert get(db, ours.id).provider_message_id == "<mine@smtp-relay.mailin.fr>"

@@ -229,7 +229,6 @@ async def test_a_late_failure_never_moves_a_verified_address_back(db, async_engi
             claim = await run_async(
                 conn,
                 dispatch.claim(
-                    db.dialect,
                     worker_id="late",
                     now=datetime.now(UTC) + timedelta(seconds=1),
                     lease=timedelta(seconds=30),
@@ -239,7 +238,6 @@ async def test_a_late_failure_never_moves_a_verified_address_back(db, async_engi
             done = await run_async(
                 conn,
                 dispatch.finalize(
-                    db.dialect,
                     token=claim.token,
                     now=datetime.now(UTC),
                     actor="late",
@@ -247,7 +245,7 @@ async def test_a_late_failure_never_moves_a_verified_address_back(db, async_engi
                 ),
             )
             moved = await run_async(
-                conn, follow_messages(db.dialect, done.changed, now=datetime.now(UTC), actor="late")
+                conn, follow_messages(done.changed, now=datetime.now(UTC), actor="late")
             )
         assert moved == []
         assert (await api.get(f"/v1/email-verifications/{v['id']}")).json()["state"] == "verified"

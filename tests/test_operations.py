@@ -288,7 +288,7 @@ async def test_the_reconciler_uses_events_that_came_before_the_sweep(db, async_e
         )
         assert r.json()["resolved"] == 0
     finalize(db, batch.token, (result.message.id, Decision(Action.MARK_UNKNOWN, error="?")))
-    outcomes = await Reconciler(async_engine, db.dialect).run_once(datetime.now(UTC))
+    outcomes = await Reconciler(async_engine).run_once(datetime.now(UTC))
     assert outcomes == {"resolved_sent": 1}
     assert get(db, result.message.id).status == Status.SENT
 
@@ -307,9 +307,7 @@ async def test_the_reconciler_asks_brevo_and_flags_what_nobody_knows(db, async_e
             outgoing_email(0, message_id=known.id, to_email="known@example.com")
         )
         assert isinstance(sent, Accepted)
-        reconciler = Reconciler(
-            async_engine, db.dialect, provider=provider, flag_after=timedelta(0)
-        )
+        reconciler = Reconciler(async_engine, provider=provider, flag_after=timedelta(0))
         first = await reconciler.run_once(datetime.now(UTC))
         second = await reconciler.run_once(datetime.now(UTC))
         await provider.aclose()

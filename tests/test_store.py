@@ -52,7 +52,7 @@ def test_concurrent_claimers_take_every_row_exactly_once(db):
         run(
             conn,
             enqueue_store.enqueue(
-                db.dialect, [message(i) for i in range(total)], now=T0, default_max_attempts=5
+                [message(i) for i in range(total)], now=T0, default_max_attempts=5
             ),
         )
     engine = db.new_engine(pool_size=claimers)
@@ -67,9 +67,7 @@ def test_concurrent_claimers_take_every_row_exactly_once(db):
                 with engine.begin() as conn:
                     batch = run(
                         conn,
-                        dispatch.claim(
-                            db.dialect, worker_id=f"w{index}", now=T0, lease=LEASE, limit=25
-                        ),
+                        dispatch.claim(worker_id=f"w{index}", now=T0, lease=LEASE, limit=25),
                     )
                 if not batch.messages:
                     return
@@ -303,9 +301,7 @@ def test_extend_lease_keeps_a_slow_send_from_being_swept(db):
         assert (
             run(
                 conn,
-                dispatch.extend_lease(
-                    db.dialect, token=batch.token, ids=[msg.id], now=later, lease=LEASE
-                ),
+                dispatch.extend_lease(token=batch.token, ids=[msg.id], now=later, lease=LEASE),
             )
             == 1
         )
@@ -315,7 +311,6 @@ def test_extend_lease_keeps_a_slow_send_from_being_swept(db):
             run(
                 conn,
                 dispatch.extend_lease(
-                    db.dialect,
                     token=batch.token.__class__(int=1),
                     ids=[msg.id],
                     now=later,
@@ -501,7 +496,7 @@ def test_purge_deletes_old_finished_messages_only(db):
     )
     # `recent` stays processing, and unknown is never purged: only old_sent goes.
     with db.engine.begin() as conn:
-        assert run(conn, operator.purge(db.dialect, older_than=T0 + timedelta(days=1))) == 1
+        assert run(conn, operator.purge(older_than=T0 + timedelta(days=1))) == 1
     assert get(db, old_sent.id) is None
     assert get(db, old_unknown.id).status == Status.UNKNOWN
     assert get(db, recent.id) is not None

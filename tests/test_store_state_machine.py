@@ -71,9 +71,7 @@ class StoreMachine(RuleBasedStateMachine):
             self.serial += 1
             key = f"k{self.serial % 5}" if keyed else None
             batch.append(message(self.serial, idempotency_key=key))
-        results = self._run(
-            enqueue_store.enqueue(self.db.dialect, batch, now=self.now, default_max_attempts=3)
-        )
+        results = self._run(enqueue_store.enqueue(batch, now=self.now, default_max_attempts=3))
         for result in results:
             if result.created:
                 assert result.message.status == Status.PENDING
@@ -84,9 +82,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(limit=st.integers(1, 5))
     def claim(self, limit: int) -> None:
         before = self._rows()
-        batch = self._run(
-            dispatch.claim(self.db.dialect, worker_id="w", now=self.now, lease=LEASE, limit=limit)
-        )
+        batch = self._run(dispatch.claim(worker_id="w", now=self.now, lease=LEASE, limit=limit))
         assert len(batch.messages) <= limit
         for m in batch.messages:
             assert before[m.id].status in CLAIMABLE
@@ -127,7 +123,6 @@ class StoreMachine(RuleBasedStateMachine):
         }
         result = self._run(
             dispatch.finalize(
-                self.db.dialect,
                 token=batch.token,
                 decisions=dict(outcomes),
                 now=self.now,
@@ -144,7 +139,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule()
     def sweep(self) -> None:
         before = self._rows()
-        swept = self._run(dispatch.sweep_expired(self.db.dialect, now=self.now, actor="sweeper"))
+        swept = self._run(dispatch.sweep_expired(now=self.now, actor="sweeper"))
         expected = {
             i
             for i, r in before.items()

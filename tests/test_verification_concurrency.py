@@ -183,7 +183,7 @@ async def test_a_rotation_from_a_stale_read_changes_nothing_and_is_retried(db, a
     """The guard under the lock: a send that read an older send number moves nothing (so it
     can never store a digest no email carries); the resend reads again and rotates once."""
     tenant_id, key = new_tenant(db)
-    service = Verifications(async_engine, db.dialect, settings_for(db))
+    service = Verifications(async_engine, settings_for(db))
     async with api_client(db, key) as api:
         v = (await request(api)).json()
     vid = uuid.UUID(v["id"])

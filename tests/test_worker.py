@@ -192,9 +192,7 @@ async def test_a_stale_finalize_changes_nothing_and_is_logged(db, async_engine, 
         async with async_engine.begin() as conn:
             await run_async(
                 conn,
-                store.sweep_expired(
-                    db.dialect, now=datetime.now(UTC) + timedelta(hours=1), actor="other"
-                ),
+                store.sweep_expired(now=datetime.now(UTC) + timedelta(hours=1), actor="other"),
             )
         provider.gate.set()
         return True
@@ -223,7 +221,6 @@ async def test_claimed_but_unstarted_messages_are_released_at_shutdown(db, async
         claim = await run_async(
             conn,
             store.claim(
-                db.dialect,
                 worker_id="test-worker",
                 now=datetime.now(UTC),
                 lease=timedelta(seconds=60),

@@ -22,7 +22,8 @@ from sqlalchemy import func, select
 
 from mailbag.compose import message_id_from_rfc
 from mailbag.domain.states import Status
-from mailbag.store import outbox as store
+from mailbag.store import enqueue as enqueue_store
+from mailbag.store import messages as message_store
 from mailbag.store.plan import run
 from mailbag.store.schema import message_events, outbox_messages
 from servers import mailbag_env, start_mailbag, stop
@@ -40,8 +41,8 @@ def enqueue_many(db: Any, n: int) -> None:
         for start in range(0, n, 1000):
             run(
                 conn,
-                store.enqueue(
-                    db.dialect, batch[start : start + 1000], now=store_now(), default_max_attempts=5
+                enqueue_store.enqueue(
+                    batch[start : start + 1000], now=store_now(), default_max_attempts=5
                 ),
             )
 
@@ -54,7 +55,7 @@ def store_now() -> Any:
 
 def counts(db: Any) -> dict[str, int]:
     with db.engine.connect() as conn:
-        return run(conn, store.count_by_status())
+        return run(conn, message_store.count_by_status())
 
 
 def worker_env(db: Any, smtp: RecordingSMTPServer, **settings: str) -> dict[str, str]:

@@ -5,7 +5,7 @@
 -- step 1
 SELECT email_verifications.id, email_verifications.state AS previous_state
 FROM email_verifications
-WHERE email_verifications.state IN ('send_failed', 'send_pending', 'sent') AND email_verifications.id = :id_1 FOR UPDATE;
+WHERE email_verifications.state IN ('send_failed', 'send_pending', 'sent') AND email_verifications.id = :id_1 AND email_verifications.token_digest = :token_digest_1 AND email_verifications.confirm_attempts < :confirm_attempts_1 FOR UPDATE;
 
 -- step 2
 UPDATE email_verifications SET state='verified', updated_at=:updated_at, verified_at=:verified_at WHERE email_verifications.id IN (:id_1_1);

@@ -6,7 +6,7 @@
 WITH locked AS
 (SELECT email_verifications.id AS id, email_verifications.state AS previous_state
 FROM email_verifications
-WHERE email_verifications.state IN ('send_failed', 'send_pending', 'sent') AND email_verifications.id = :id_1::UUID FOR UPDATE),
+WHERE email_verifications.state IN ('send_failed', 'send_pending', 'sent') AND email_verifications.id = :id_1::UUID AND email_verifications.token_digest = :token_digest_1::VARCHAR AND email_verifications.confirm_attempts < :confirm_attempts_1::INTEGER FOR UPDATE),
 updated AS
 (UPDATE email_verifications SET state='verified', updated_at=:param_4::TIMESTAMP WITH TIME ZONE, verified_at=:param_5::TIMESTAMP WITH TIME ZONE FROM locked WHERE email_verifications.id = locked.id RETURNING email_verifications.id, email_verifications.tenant_id, email_verifications.email, email_verifications.state, email_verifications.token_digest, email_verifications.expires_at, email_verifications.confirm_attempts, email_verifications.send_count, email_verifications.message_id, email_verifications.template_name, email_verifications.redirect_url, email_verifications.created_at, email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at, locked.previous_state),
 logged AS

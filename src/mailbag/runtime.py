@@ -78,10 +78,9 @@ def check_key(settings: Settings) -> None:
 
     expected = key_check(settings.key)
     engine = make_engine(settings.database_url, null_pool=True)
-    dialect = dialect_of(settings.database_url)
     try:
         with engine.begin() as conn:  # replicas starting together: the first value stays
-            run(conn, deployment.record_key_check(dialect, expected, utcnow()))
+            run(conn, deployment.record_key_check(expected, utcnow()))
         with engine.connect() as conn:
             stored = run(conn, deployment.stored_key_check())
     except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
@@ -101,12 +100,7 @@ def accept_new_key(settings: Settings) -> None:
     engine = make_engine(settings.database_url, null_pool=True)
     try:
         with engine.begin() as conn:
-            run(
-                conn,
-                deployment.replace_key_check(
-                    dialect_of(settings.database_url), key_check(settings.key), utcnow()
-                ),
-            )
+            run(conn, deployment.replace_key_check(key_check(settings.key), utcnow()))
     except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
         raise CannotStart(f"cannot use the database {_shown(settings)}: {exc.orig or exc}") from exc
     finally:
@@ -176,7 +170,6 @@ def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
     provider = providers.create(settings.provider, settings)
     reconciler = Reconciler(
         engine,
-        dialect_of(settings.database_url),
         provider=provider,
         flag_after=timedelta(minutes=settings.reconcile_flag_after_minutes),
     )

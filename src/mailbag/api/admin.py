@@ -17,11 +17,11 @@ from mailbag import log
 from mailbag.api.deps import NowDep, ServicesDep, bearer
 from mailbag.api.problems import COMMON, documented, not_found, too_many_attempts, unauthorized
 from mailbag.api.schemas import Strict  # no unknown fields, nothing a database refuses
-from mailbag.domain.message import InvalidMessage
+from mailbag.domain.message import Filter, InvalidMessage
 from mailbag.domain.states import Status
 from mailbag.keys import secret_matches
 from mailbag.services.messages import MessageNotFound, decode_cursor, encode_cursor, public
-from mailbag.services.operations import Filter, NotAllowed
+from mailbag.services.operations import NotAllowed
 from mailbag.services.reconciliation import Reconciler
 from mailbag.web import client_address
 
@@ -175,7 +175,7 @@ async def bulk_requeue(body: BulkRequeue, svc: ServicesDep, now: NowDep) -> dict
 @router.post("/reconcile", responses=RESPONSES)
 async def reconcile(svc: ServicesDep, now: NowDep) -> dict[str, int]:
     """Look for evidence about every unknown message now (the worker does this regularly)."""
-    reconciler = Reconciler(svc.engine, svc.operations.dialect)
+    reconciler = Reconciler(svc.engine)
     return dict(await reconciler.run_once(now))
 
 

@@ -35,7 +35,7 @@ from mailbag.services.container import Services
 from mailbag.services.operations import NotAllowed, Operations
 from mailbag.settings import Settings
 from mailbag.store import migrate
-from mailbag.store.database import dialect_of, make_async_engine, within
+from mailbag.store.database import make_async_engine, within
 
 JSON_BODY_PATHS = ("/v1/messages", "/v1/email-verifications")
 DATABASE_DOWN = (OperationalError, PoolTimeout, ConnectionError, OSError, TimeoutError)
@@ -54,15 +54,14 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
             timeout=settings.database_timeout_seconds,
             statement_timeout=settings.database_timeout_seconds,
         )
-        dialect = dialect_of(settings.database_url)
         catalog = templates.load(settings.templates_dir)
         app.state.services = Services(
             settings=settings,
             engine=engine,
             clock=clock,
-            messages=message_service.Messages(engine, dialect, settings),
-            verifications=verification_service.Verifications(engine, dialect, settings),
-            operations=Operations(engine, dialect, default_attempts=settings.max_attempts),
+            messages=message_service.Messages(engine, settings),
+            verifications=verification_service.Verifications(engine, settings),
+            operations=Operations(engine, default_attempts=settings.max_attempts),
             catalog=catalog,
         )
         try:

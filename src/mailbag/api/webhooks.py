@@ -134,7 +134,7 @@ def _invalid(title: str, problem: Exception) -> ProblemError:
 async def _ingest(
     svc: Services, events: list[ProviderEvent], now: datetime, skipped: int = 0
 ) -> dict[str, int]:
-    report = await ingest(svc.engine, svc.operations.dialect, events, now)
+    report = await ingest(svc.engine, events, now)
     answer = {**report.as_dict(), **({"skipped": skipped} if skipped else {})}
     log.get("mailbag.webhooks").info("provider_events", **answer)
     return answer

@@ -83,7 +83,6 @@ def operations(action: Callable[[Operations], Awaitable[T]]) -> T:
     """Run one operator action (the same code the console and admin API run)."""
     import asyncio
 
-    from mailbag.database_url import dialect_of
     from mailbag.services.operations import Operations
     from mailbag.store.database import make_async_engine
 
@@ -93,7 +92,7 @@ def operations(action: Callable[[Operations], Awaitable[T]]) -> T:
     async def main() -> T:
         engine = make_async_engine(url, null_pool=True)
         try:
-            return await action(Operations(engine, dialect_of(url), default_attempts=attempts))
+            return await action(Operations(engine, default_attempts=attempts))
         finally:
             await engine.dispose()
 

@@ -54,12 +54,9 @@ def purge(
 ) -> None:
     """Delete finished messages (sent, failed, dead, cancelled) last changed before the cutoff."""
     from mailbag.clock import utcnow
-    from mailbag.database_url import dialect_of
     from mailbag.services import maintenance
 
     age = parse_age(older_than)
     now = utcnow()
-    messages, records = maintenance.purge(
-        database(), dialect_of(settings().database_url), older_than=now - age, now=now
-    )
+    messages, records = maintenance.purge(database(), older_than=now - age, now=now)
     typer.echo(f"purged {messages} message(s) and {records} expired idempotency record(s)")

@@ -154,8 +154,8 @@ def requeue(
     """Send unknown or dead messages again (an operator's decision, never automatic)."""
     from mailbag.clock import utcnow
     from mailbag.domain import states
+    from mailbag.domain.message import Filter
     from mailbag.domain.states import Status
-    from mailbag.services.operations import Filter
 
     allowed = {s.value for s in states.sources(states.Action.REQUEUE)}
     if (message_id is None) == (state is None):
@@ -229,7 +229,6 @@ def reconcile() -> None:
         try:
             reconciler = Reconciler(
                 ops.engine,
-                ops.dialect,
                 provider=provider,
                 flag_after=timedelta(minutes=config.reconcile_flag_after_minutes),
             )

@@ -14,8 +14,8 @@ from urllib.parse import parse_qsl, urlencode
 
 from starlette.requests import Request
 
+from mailbag.domain.message import Filter
 from mailbag.domain.states import Status
-from mailbag.services.operations import Filter
 
 FILTER_FIELDS = ("state", "tenant", "to", "template", "created_from", "created_to")
 MAX_FIELDS = 50

@@ -11,21 +11,16 @@ from datetime import datetime
 
 from sqlalchemy import Engine
 
-from mailbag.database_url import Dialect
 from mailbag.store import idempotency, operator
 from mailbag.store.plan import Plan, run
 
 CHUNK = 1000
 
 
-def purge(
-    engine: Engine, dialect: Dialect, *, older_than: datetime, now: datetime
-) -> tuple[int, int]:
+def purge(engine: Engine, *, older_than: datetime, now: datetime) -> tuple[int, int]:
     """Delete finished messages last changed before `older_than`, and every idempotency
     record expired by `now`; (messages, records) deleted."""
-    messages = _in_chunks(
-        engine, lambda: operator.purge(dialect, older_than=older_than, limit=CHUNK)
-    )
+    messages = _in_chunks(engine, lambda: operator.purge(older_than=older_than, limit=CHUNK))
     records = _in_chunks(engine, lambda: idempotency.purge_expired(now, limit=CHUNK))
     return messages, records
 

@@ -15,7 +15,6 @@ from mailbag.services.idempotency import Response, execute, fingerprint
 from mailbag.settings import Settings
 from mailbag.store import messages as store
 from mailbag.store import operator
-from mailbag.store.database import Dialect
 from mailbag.store.session import AsyncDatabase, AsyncSession
 
 if TYPE_CHECKING:  # engines are handed in, never made here
@@ -98,8 +97,7 @@ def message_fingerprint(message: NewMessage) -> str:
 
 
 class Messages:
-    def __init__(self, engine: AsyncEngine, dialect: Dialect | None, settings: Settings) -> None:
-        # `dialect` is not used (sessions know theirs); it goes when its callers drop it.
+    def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
         self.db, self.settings = AsyncDatabase(engine), settings
 
     async def create(self, *, key: str | None, message: NewMessage, now: datetime) -> Response:

@@ -12,14 +12,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from mailbag.domain.message import Filter as Filter  # where callers meant to find it
-from mailbag.domain.message import Message, normalize_address
+from mailbag.domain.message import Filter, Message, normalize_address
 from mailbag.domain.states import Status
 from mailbag.store import events as event_store
 from mailbag.store import messages as message_store
 from mailbag.store import operator, stats
 from mailbag.store import suppressions as suppression_store
-from mailbag.store.database import Dialect
 from mailbag.store.message_transitions import Changed
 from mailbag.store.session import AsyncDatabase
 
@@ -66,16 +64,12 @@ class Health:
 
 
 class Operations:
-    def __init__(
-        self, engine: AsyncEngine, dialect: Dialect | None = None, *, default_attempts: int
-    ) -> None:
-        # `dialect` is not used (sessions know theirs); it goes when its callers drop it.
+    def __init__(self, engine: AsyncEngine, *, default_attempts: int) -> None:
         self.engine, self.db, self.default_attempts = (
             engine,
             AsyncDatabase(engine),
             default_attempts,
         )
-        self.dialect = self.db.dialect
 
     async def requeue(
         self,

@@ -23,7 +23,6 @@ from mailbag.clock import utcnow
 from mailbag.domain.message import NewMessage, new_message
 from mailbag.domain.policy import RetryPolicy
 from mailbag.store import enqueue as store
-from mailbag.store.database import Dialect
 from mailbag.store.enqueue import Enqueued
 from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncSession, Session
@@ -35,14 +34,12 @@ DEFAULT_MAX_ATTEMPTS = RetryPolicy().max_attempts
 
 
 def _plan(
-    dialect: Dialect,
     messages: Sequence[NewMessage],
     max_attempts: int,
     actor: str,
     now: datetime | None,
 ) -> Plan[list[Enqueued]]:
     return store.enqueue(
-        dialect,
         messages,
         now=now or utcnow(),
         default_max_attempts=max_attempts,
@@ -68,8 +65,7 @@ def enqueue_many(
     actor: str = "app",
     now: datetime | None = None,
 ) -> list[Enqueued]:
-    session = Session(conn)
-    results = session.run(_plan(session.dialect, messages, max_attempts, actor, now))
+    results = Session(conn).run(_plan(messages, max_attempts, actor, now))
     return _enqueued(results, conn)
 
 
@@ -81,8 +77,7 @@ async def enqueue_many_async(
     actor: str = "app",
     now: datetime | None = None,
 ) -> list[Enqueued]:
-    session = AsyncSession(conn)
-    results = await session.run(_plan(session.dialect, messages, max_attempts, actor, now))
+    results = await AsyncSession(conn).run(_plan(messages, max_attempts, actor, now))
     return _enqueued(results, conn.sync_connection)  # type: ignore[arg-type]
 
 

@@ -26,7 +26,6 @@ from mailbag.store import events as event_store
 from mailbag.store import messages as message_store
 from mailbag.store import operator
 from mailbag.store import suppressions as suppression_store
-from mailbag.store.database import Dialect
 from mailbag.store.events import StoredEvent
 from mailbag.store.session import AsyncDatabase, AsyncSession
 
@@ -115,12 +114,8 @@ async def _settle(
     return bool(changed)
 
 
-async def ingest(
-    engine: AsyncEngine, dialect: Dialect | None, events: Sequence[ProviderEvent], now: datetime
-) -> Ingested:
-    """Store, match and act on provider events, all in one transaction.
-
-    (`dialect` is not used: sessions know theirs; it goes when its callers drop it.)"""
+async def ingest(engine: AsyncEngine, events: Sequence[ProviderEvent], now: datetime) -> Ingested:
+    """Store, match and act on provider events, all in one transaction."""
     report = Ingested()
     logger = log.get("mailbag.events")
     async with AsyncDatabase(engine).transaction() as tx:
@@ -167,13 +162,11 @@ class Reconciler:
     def __init__(
         self,
         engine: AsyncEngine,
-        dialect: Dialect | None = None,
         *,
         provider: Any = None,
         flag_after: timedelta = timedelta(hours=1),
         batch: int = 100,
     ) -> None:
-        # `dialect` is not used (sessions know theirs); it goes when its callers drop it.
         self.db, self.provider = AsyncDatabase(engine), provider
         self.flag_after, self.batch = flag_after, batch
         self.log = log.get("mailbag.reconciler")

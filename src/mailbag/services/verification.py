@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_
-
 from mailbag.domain.ids import uuid7
 from mailbag.domain.message import Filter, new_message
 from mailbag.domain.states import Status
@@ -40,10 +38,8 @@ from mailbag.services.idempotency import Response, execute, fingerprint
 from mailbag.settings import Settings
 from mailbag.store import operator
 from mailbag.store import verifications as store
-from mailbag.store.database import Dialect
-from mailbag.store.schema import email_verifications as ev
 from mailbag.store.session import AsyncDatabase, AsyncSession, Conflict
-from mailbag.store.verifications import Verification
+from mailbag.store.verifications import Verification, VerificationFilter
 
 if TYPE_CHECKING:  # engines are handed in, never made here
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -137,8 +133,7 @@ def public(v: Verification) -> dict[str, Any]:
 
 
 class Verifications:
-    def __init__(self, engine: AsyncEngine, dialect: Dialect | None, settings: Settings) -> None:
-        # `dialect` is not used (sessions know theirs); it goes when its callers drop it.
+    def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
         self.db, self.settings = AsyncDatabase(engine), settings
         # Raises MissingSecretKey now, so an API without the key refuses to start.
         self.tokens = settings.verification_tokens
@@ -157,13 +152,10 @@ class Verifications:
             await tx.run(store.lock_sends(tenant_id))
             await tx.run(
                 store.transition(
-                    tx.dialect,
                     VAction.EXPIRE,
                     now=now,
                     actor=ACTOR,
-                    where=and_(
-                        ev.c.tenant_id == tenant_id, ev.c.email == email, ev.c.expires_at <= now
-                    ),
+                    where=VerificationFilter(tenant_id=tenant_id, email=email, expired_by=now),
                     detail="expired before a new request",
                 ),
             )
@@ -290,10 +282,9 @@ class Verifications:
         )
         rotated = await tx.run(
             store.transition(
-                tx.dialect,
                 action,
                 # Only from the send number read: two rotations can never both apply.
-                where=and_(ev.c.id == v.id, ev.c.send_count == v.send_count),
+                where=VerificationFilter(id=v.id, send_count=v.send_count),
                 now=now,
                 actor=ACTOR,
                 values={
@@ -312,9 +303,8 @@ class Verifications:
             # A suppressed address: the outbox failed the email at once; so does this.
             (moved,) = await tx.run(
                 store.transition(
-                    tx.dialect,
                     VAction.MESSAGE_FAILED,
-                    where=ev.c.id == v.id,
+                    where=VerificationFilter(id=v.id),
                     now=now,
                     actor=ACTOR,
                     detail=enqueued.message.last_error,
@@ -349,9 +339,8 @@ class Verifications:
         if v.state in UNFINISHED and v.expires_at <= now:
             expired = await tx.run(
                 store.transition(
-                    tx.dialect,
                     VAction.EXPIRE,
-                    where=ev.c.id == v.id,
+                    where=VerificationFilter(id=v.id),
                     now=now,
                     actor=ACTOR,
                     detail="token expired",
@@ -384,14 +373,13 @@ class Verifications:
             if matches(token, v.token_digest):
                 moved = await tx.run(
                     store.transition(
-                        tx.dialect,
                         VAction.CONFIRM,
                         now=now,
                         actor=ACTOR,
-                        where=and_(
-                            ev.c.id == v.id,
-                            ev.c.token_digest == v.token_digest,
-                            ev.c.confirm_attempts < MAX_CONFIRM_ATTEMPTS,
+                        where=VerificationFilter(
+                            id=v.id,
+                            token_digest=v.token_digest,
+                            confirm_attempts_below=MAX_CONFIRM_ATTEMPTS,
                         ),
                         values={"verified_at": now},
                         detail="token confirmed",

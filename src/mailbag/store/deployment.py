@@ -7,23 +7,24 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from mailbag.store.database import Dialect
-from mailbag.store.plan import Plan, Step
+from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import deployment
 from mailbag.store.types import insert_into, insert_unless_taken
 
 ROW_ID = 1
 
 
-def record_key_check(dialect: Dialect, key_check: str, now: datetime) -> Plan[None]:
+def record_key_check(key_check: str, now: datetime) -> Plan[None]:
     """Store the check value unless one is stored: replicas starting together on a new
     database all try, the first one's value stays."""
+    dialect = yield from current_dialect()
     statement = insert_unless_taken(dialect, deployment, (deployment.c.id,))
     yield Step(statement.values(id=ROW_ID, key_check=key_check, created_at=now))
 
 
-def replace_key_check(dialect: Dialect, key_check: str, now: datetime) -> Plan[None]:
+def replace_key_check(key_check: str, now: datetime) -> Plan[None]:
     """Store the check value in place of whatever is stored (the operator changed the key)."""
+    dialect = yield from current_dialect()
     statement = insert_into(dialect, deployment).values(
         id=ROW_ID, key_check=key_check, created_at=now
     )

@@ -26,7 +26,6 @@ from sqlalchemy import (
 from mailbag.domain.delivery import Decision
 from mailbag.domain.message import Message, truncate_error
 from mailbag.domain.states import Action, Status
-from mailbag.store.database import Dialect
 from mailbag.store.message_transitions import (
     CLAIM_CLEARED,
     LAST_ERROR,
@@ -37,7 +36,7 @@ from mailbag.store.message_transitions import (
     settled_from_row,
     transition,
 )
-from mailbag.store.plan import Plan, Step
+from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import message_events
 from mailbag.store.transition import EventSpec
 from mailbag.store.types import UTCDateTime
@@ -71,7 +70,6 @@ _FINALIZE_EVENTS: dict[Action, EventSpec] = {
 
 
 def claim(
-    dialect: Dialect,
     *,
     worker_id: str,
     now: datetime,
@@ -80,12 +78,12 @@ def claim(
 ) -> Plan[Claim]:
     """Take up to `limit` due messages, oldest due first, under one fresh claim token."""
     token = uuid.uuid4()
+    dialect = yield from current_dialect()
     if dialect == "mysql":
         due, order = now >= _MYSQL_CLAIMABLE_AT, (_MYSQL_CLAIMABLE_AT, om.c.id)
     else:
         due, order = om.c.next_attempt_at <= now, (om.c.next_attempt_at, om.c.id)
     changed = yield from transition(
-        dialect,
         Action.CLAIM,
         as_row=message_from_row,
         where=due,
@@ -107,7 +105,6 @@ def claim(
 
 
 def extend_lease(
-    dialect: Dialect,
     *,
     token: uuid.UUID,
     ids: Sequence[uuid.UUID],
@@ -126,7 +123,6 @@ def extend_lease(
 
 
 def finalize(
-    dialect: Dialect,
     *,
     token: uuid.UUID,
     decisions: Mapping[uuid.UUID, Decision],
@@ -155,7 +151,6 @@ def finalize(
         ids = list(group)
         values = _finalize_values(action, keep_attempt, group, now, provider)
         changed += yield from transition(
-            dialect,
             action,
             as_row=settled_from_row,
             where=and_(om.c.id.in_(ids), om.c.claim_token == token),
@@ -226,14 +221,11 @@ def _per_row(values: Mapping[uuid.UUID, Any], type_: Any, keep: Any = None) -> A
     return case(whens, value=om.c.id, else_=keep if keep is not None else literal(None, type_))
 
 
-def sweep_expired(
-    dialect: Dialect, *, now: datetime, actor: str, limit: int = 1000
-) -> Plan[list[Changed[Message]]]:
+def sweep_expired(*, now: datetime, actor: str, limit: int = 1000) -> Plan[list[Changed[Message]]]:
     """Expired leases become `unknown`, never a blind resend. Safe to run from every replica:
     rows another sweeper holds are skipped, and a swept row no longer matches."""
     return (
         yield from transition(
-            dialect,
             Action.EXPIRE,
             as_row=message_from_row,
             where=om.c.lease_expires_at < now,

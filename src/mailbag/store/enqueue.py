@@ -19,9 +19,8 @@ from mailbag.domain.ids import uuid7
 from mailbag.domain.message import Message, NewMessage
 from mailbag.domain.states import MESSAGES, Action
 from mailbag.store import suppressions as suppression_store
-from mailbag.store.database import Dialect
 from mailbag.store.message_transitions import LAST_ERROR, MESSAGE_ROWS, message_from_row, om
-from mailbag.store.plan import Plan, Step
+from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.transition import history_row, record
 from mailbag.store.types import insert_unless_taken
 
@@ -35,7 +34,6 @@ class Enqueued:
 
 
 def enqueue(
-    dialect: Dialect,
     messages: Sequence[NewMessage],
     *,
     now: datetime,
@@ -51,6 +49,7 @@ def enqueue(
     """
     if not messages:
         return []
+    dialect = yield from current_dialect()
     suppressed = yield from suppression_store.among((m.tenant_id, m.to_address) for m in messages)
     rows = [
         _new_row(m, now, default_max_attempts, (m.tenant_id, m.to_address.lower()) in suppressed)

@@ -21,7 +21,6 @@ from sqlalchemy import ColumnElement, Row
 from mailbag.domain.message import Message
 from mailbag.domain.states import MESSAGES, Action, Status
 from mailbag.store import verifications
-from mailbag.store.database import Dialect
 from mailbag.store.plan import Plan
 from mailbag.store.schema import message_events, outbox_messages
 from mailbag.store.transition import EventSpec, Tracked, apply_transition
@@ -95,7 +94,6 @@ def message_from_row(row: Row[Any]) -> Message:
 
 
 def transition(
-    dialect: Dialect,
     action: Action,
     *,
     where: ColumnElement[bool],
@@ -113,7 +111,6 @@ def transition(
     whole Messages (`message_from_row`), or `settled_from_row` summaries (a worker's
     finalize)."""
     updated = yield from apply_transition(
-        dialect,
         MESSAGE_ROWS,
         action,
         where=where,
@@ -127,5 +124,5 @@ def transition(
         columns=SETTLED_COLUMNS if as_row is settled_from_row else None,
     )
     changed = [Changed(as_row(row), Status(previous)) for row, previous in updated]
-    yield from verifications.follow_messages(dialect, changed, now=now, actor=actor)
+    yield from verifications.follow_messages(changed, now=now, actor=actor)
     return changed

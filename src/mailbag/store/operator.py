@@ -12,7 +12,6 @@ from sqlalchemy import and_, delete, exists, select
 from mailbag.domain import states
 from mailbag.domain.message import Filter, Message, truncate_error
 from mailbag.domain.states import Action, Status
-from mailbag.store.database import Dialect
 from mailbag.store.message_transitions import (
     CLAIM_CLEARED,
     MESSAGE_ROWS,
@@ -22,7 +21,7 @@ from mailbag.store.message_transitions import (
     transition,
 )
 from mailbag.store.messages import matching
-from mailbag.store.plan import Plan, Step, current_dialect
+from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import message_events
 from mailbag.store.transition import EventSpec
 
@@ -40,10 +39,8 @@ def requeue(
     Attempt numbers keep counting (they name provider idempotency keys, which must not be
     reused for a deliberate resend), so the budget grows instead: max = done + extra.
     """
-    dialect = yield from current_dialect()
     return (
         yield from transition(
-            dialect,
             Action.REQUEUE,
             as_row=message_from_row,
             where=matching(where),
@@ -64,10 +61,8 @@ def requeue(
 
 def cancel(*, where: Filter, now: datetime, actor: str) -> Plan[list[Changed[Message]]]:
     """Withdraw pending messages (never one a worker holds or already tried)."""
-    dialect = yield from current_dialect()
     return (
         yield from transition(
-            dialect,
             Action.CANCEL,
             as_row=message_from_row,
             where=matching(where),
@@ -95,10 +90,8 @@ def resolve(
             values["provider_message_id"] = provider_message_id
     else:
         values["last_error"] = truncate_error(evidence)
-    dialect = yield from current_dialect()
     return (
         yield from transition(
-            dialect,
             Action.RESOLVE_SENT if sent else Action.RESOLVE_FAILED,
             as_row=message_from_row,
             where=om.c.id == message_id,
@@ -123,10 +116,8 @@ def flag(
         message_events.c.to_status == Status.UNKNOWN.value,
         message_events.c.at >= om.c.updated_at,
     )
-    dialect = yield from current_dialect()
     return (
         yield from transition(
-            dialect,
             Action.FLAG,
             as_row=message_from_row,
             where=and_(om.c.id == message_id, ~flagged_since_last_change),
@@ -138,7 +129,7 @@ def flag(
     )
 
 
-def purge(dialect: Dialect, *, older_than: datetime, limit: int = 1000) -> Plan[int]:
+def purge(*, older_than: datetime, limit: int = 1000) -> Plan[int]:
     """Delete up to `limit` terminal messages (and their events) last changed before a cutoff.
 
     Callers repeat it until it returns less than `limit`, one short transaction per chunk, so

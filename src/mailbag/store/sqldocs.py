@@ -57,7 +57,7 @@ from mailbag.store import (
 )
 from mailbag.store.message_transitions import Changed
 from mailbag.store.plan import Plan, Step, answering
-from mailbag.store.schema import email_verifications, outbox_messages
+from mailbag.store.schema import outbox_messages
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "sql"
 COMMAND = "python -m mailbag.store.sqldocs"
@@ -72,6 +72,7 @@ DIALECTS: dict[Dialect, SQLDialect] = {
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 IDS = [uuid.UUID(int=n) for n in (1, 2, 3)]
 TENANT = "t_sample"
+DIGEST = "0" * 64  # a sample sha256 hex digest
 
 # Sample values by column name, where the type alone would not make a valid one: states
 # the domain parses ("sent" is a message status and a verification state alike), and
@@ -295,7 +296,9 @@ OPERATIONS: list[Operation] = [
         verifications.transition,
         {
             "action": VAction.CONFIRM,
-            "where": email_verifications.c.id == IDS[0],
+            "where": verifications.VerificationFilter(
+                id=IDS[0], token_digest=DIGEST, confirm_attempts_below=5
+            ),
             "now": NOW,
             "actor": "api",
             "values": {"verified_at": NOW},
@@ -424,10 +427,7 @@ def compiled(step: Step, dialect: Dialect) -> str:
 
 def record(operation: Operation, dialect: Dialect) -> list[str]:
     """The statements `operation` runs on `dialect`, compiled, in order."""
-    args = dict(operation.args)
-    if "dialect" in inspect.signature(operation.plan).parameters:  # until plans all ask
-        args["dialect"] = dialect
-    steps = answering(operation.plan(**args), dialect)
+    steps = answering(operation.plan(**operation.args), dialect)
     counts = iter(operation.rows)
     statements = []
     try:

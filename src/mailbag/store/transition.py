@@ -45,8 +45,7 @@ from sqlalchemy import (
 
 from mailbag.domain.machine import Machine
 from mailbag.domain.message import ERROR_MAX, truncate_error
-from mailbag.store.database import Dialect
-from mailbag.store.plan import Plan, Step
+from mailbag.store.plan import Plan, Step, current_dialect
 
 S = TypeVar("S", bound=StrEnum)
 A = TypeVar("A", bound=StrEnum)
@@ -81,7 +80,6 @@ def _mysql_lockable(
 
 
 def guarded_update(
-    dialect: Dialect,
     table: Table,
     *,
     state: str,
@@ -100,6 +98,7 @@ def guarded_update(
     and its history are one round trip. Elsewhere the caller writes the history itself.
     `columns` limits what comes back (all of the table's by default).
     """
+    dialect = yield from current_dialect()
     wanted = [table.c[name] for name in columns] if columns else list(table.c)
     key, state_column = table.c.id, table.c[state]
     candidates = select(key, state_column.label("previous_state")).where(guard)
@@ -280,7 +279,6 @@ def _insert_into(table: Table) -> Insert:
 
 
 def apply_transition(
-    dialect: Dialect,
     tracked: Tracked[S, A],
     action: A,
     *,
@@ -296,8 +294,8 @@ def apply_transition(
 ) -> Plan[list[tuple[Row[Any], str]]]:
     """Move the rows matching `where` that `action` allows to the action's target, apply
     `values`, and record each move; return (row as it is now, state it left) pairs."""
+    dialect = yield from current_dialect()
     changed = yield from guarded_update(
-        dialect,
         tracked.table,
         state=tracked.state,
         guard=and_(tracked.in_states(tracked.machine.sources(action)), where),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Row, func, insert, select, update
+from sqlalchemy import ColumnElement, Row, and_, func, insert, select, true, update
 
 from mailbag.domain.states import Status
 from mailbag.domain.verification import (
@@ -21,7 +21,6 @@ from mailbag.domain.verification import (
     VAction,
     VState,
 )
-from mailbag.store.database import Dialect
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import email_verifications as ev
 from mailbag.store.schema import tenants, verification_events, verification_sends
@@ -40,6 +39,43 @@ VERIFICATION_ROWS: Tracked[VState, VAction] = Tracked(
     to_state="to_state",
     copied={"message_id": "message_id"},
 )
+
+
+@dataclass(frozen=True)
+class VerificationFilter:
+    """Which verifications are meant (every field optional; all given ones must hold).
+    Plain data: `matching` is its SQL."""
+
+    id: uuid.UUID | None = None
+    tenant_id: str | None = None
+    email: str | None = None
+    message_ids: Sequence[uuid.UUID] | None = None  # their current email is one of these
+    expired_by: datetime | None = None  # expires_at at or before this
+    send_count: int | None = None  # still on this send (a rotation reads it first)
+    token_digest: str | None = None
+    confirm_attempts_below: int | None = None
+
+
+def matching(where: VerificationFilter) -> ColumnElement[bool]:
+    """The SQL of a verification filter."""
+    conditions: list[ColumnElement[bool]] = []
+    if where.id is not None:
+        conditions.append(ev.c.id == where.id)
+    if where.tenant_id is not None:
+        conditions.append(ev.c.tenant_id == where.tenant_id)
+    if where.email is not None:
+        conditions.append(ev.c.email == where.email)
+    if where.message_ids is not None:
+        conditions.append(ev.c.message_id.in_(where.message_ids))
+    if where.expired_by is not None:
+        conditions.append(ev.c.expires_at <= where.expired_by)
+    if where.send_count is not None:
+        conditions.append(ev.c.send_count == where.send_count)
+    if where.token_digest is not None:
+        conditions.append(ev.c.token_digest == where.token_digest)
+    if where.confirm_attempts_below is not None:
+        conditions.append(ev.c.confirm_attempts < where.confirm_attempts_below)
+    return and_(true(), *conditions)
 
 
 @dataclass(frozen=True)
@@ -89,10 +125,9 @@ def create(values: Mapping[str, Any], *, now: datetime, actor: str) -> Plan[Veri
 
 
 def transition(
-    dialect: Dialect,
     action: VAction,
     *,
-    where: ColumnElement[bool],
+    where: VerificationFilter,
     now: datetime,
     actor: str,
     values: Mapping[str, Any] | None = None,
@@ -100,10 +135,9 @@ def transition(
 ) -> Plan[list[Verification]]:
     """Move the verifications matching `where` that `action` allows, and log each move."""
     moved = yield from apply_transition(
-        dialect,
         VERIFICATION_ROWS,
         action,
-        where=where,
+        where=matching(where),
         values=values or {},
         now=now,
         actor=actor,
@@ -113,7 +147,7 @@ def transition(
 
 
 def follow_messages(
-    dialect: Dialect, changed: Sequence[Changed[Any]], *, now: datetime, actor: str
+    changed: Sequence[Changed[Any]], *, now: datetime, actor: str
 ) -> Plan[list[Verification]]:
     """Carry outbox results over to the verifications whose current email they concern.
 
@@ -132,9 +166,8 @@ def follow_messages(
     for action, message_ids in by_action.items():
         extra = {"sent_at": now} if action is VAction.MESSAGE_SENT else None
         moved += yield from transition(
-            dialect,
             action,
-            where=ev.c.message_id.in_(message_ids),
+            where=VerificationFilter(message_ids=message_ids),
             now=now,
             actor=actor,
             values=extra,

@@ -60,7 +60,6 @@ class WorkerDatabase:
             return await run_async(
                 conn,
                 dispatch.claim(
-                    self.dialect,
                     worker_id=self.worker_id,
                     now=self.clock(),
                     lease=self.lease,
@@ -83,7 +82,6 @@ class WorkerDatabase:
                 finalized = await run_async(
                     conn,
                     dispatch.finalize(
-                        self.dialect,
                         token=token,
                         decisions={i.message.id: i.decision for i in items},
                         now=now,
@@ -102,9 +100,7 @@ class WorkerDatabase:
             for token, ids in by_token.items():
                 await run_async(
                     conn,
-                    dispatch.extend_lease(
-                        self.dialect, token=token, ids=ids, now=self.clock(), lease=self.lease
-                    ),
+                    dispatch.extend_lease(token=token, ids=ids, now=self.clock(), lease=self.lease),
                 )
 
     async def sweep(self) -> list[Changed[Message]]:
@@ -114,7 +110,7 @@ class WorkerDatabase:
     async def _sweep(self) -> list[Changed[Message]]:
         async with self.engine.begin() as conn:
             return await run_async(
-                conn, dispatch.sweep_expired(self.dialect, now=self.clock(), actor=self.worker_id)
+                conn, dispatch.sweep_expired(now=self.clock(), actor=self.worker_id)
             )
 
     async def expired_again(self, message_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
