@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-
-from sqlalchemy import Engine
+from typing import TYPE_CHECKING
 
 from mailbag.store import idempotency, operator
-from mailbag.store.plan import Plan, run
+from mailbag.store.plan import Plan
+from mailbag.store.session import Database
+
+if TYPE_CHECKING:  # engines are handed in, never made here
+    from sqlalchemy import Engine
 
 CHUNK = 1000
 
@@ -26,10 +29,10 @@ def purge(engine: Engine, *, older_than: datetime, now: datetime) -> tuple[int, 
 
 
 def _in_chunks(engine: Engine, chunk: Callable[[], Plan[int]]) -> int:
-    total = 0
+    db, total = Database(engine), 0
     while True:
-        with engine.begin() as conn:
-            deleted = run(conn, chunk())
+        with db.transaction() as tx:
+            deleted = tx.run(chunk())
         total += deleted
         if deleted < CHUNK:
             return total
