@@ -14,11 +14,12 @@ import pytest
 from sqlalchemy import true
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
+from mailbag.database_url import Dialect
 from mailbag.domain.machine import Counted, Machine, Transition
 from mailbag.domain.states import MESSAGES, Action
 from mailbag.domain.verification import VERIFICATIONS, VAction
 from mailbag.store.message_transitions import MESSAGE_ROWS
-from mailbag.store.plan import Plan, Step
+from mailbag.store.plan import Plan, Step, answering
 from mailbag.store.transition import EventSpec, apply_transition
 from mailbag.store.verifications import VERIFICATION_ROWS
 
@@ -117,15 +118,18 @@ class FakeResult:
         return self.rows
 
 
-def drive(plan: Plan[Any], answers: Sequence[Sequence[FakeRow]]) -> tuple[list[Step], Any]:
-    """Run a plan with canned results; return the steps it yielded and its answer."""
+def drive(
+    dialect: Dialect, plan: Plan[Any], answers: Sequence[Sequence[FakeRow]]
+) -> tuple[list[Step], Any]:
+    """Run a plan on `dialect` with canned results; return the steps it yielded and its answer."""
     steps: list[Step] = []
     pending = list(answers)
+    sql = answering(plan, dialect)
     try:
-        step = next(plan)
+        step = next(sql)
         while True:
             steps.append(step)
-            step = plan.send(FakeResult(pending.pop(0) if pending else []))  # type: ignore[arg-type]
+            step = sql.send(FakeResult(pending.pop(0) if pending else []))  # type: ignore[arg-type]
     except StopIteration as done:
         return steps, done.value
 
@@ -136,8 +140,8 @@ def test_a_message_move_on_sqlite_is_select_update_returning_then_one_history_in
         id=mid, status="retrying", attempt_count=2, provider_message_id=None, last_error="boom"
     )
     steps, changed = drive(
+        "sqlite",
         apply_transition(
-            "sqlite",
             MESSAGE_ROWS,
             Action.RELEASE,
             where=true(),
@@ -168,8 +172,8 @@ def test_a_message_move_on_sqlite_is_select_update_returning_then_one_history_in
 def test_a_verification_move_records_its_current_message():
     vid, mid = uuid.uuid4(), uuid.uuid4()
     steps, _ = drive(
+        "mysql",
         apply_transition(
-            "mysql",
             VERIFICATION_ROWS,
             VAction.CONFIRM,
             where=true(),
@@ -203,8 +207,8 @@ def test_a_verification_move_records_its_current_message():
 
 def test_on_postgresql_the_move_and_its_history_are_one_statement():
     steps, _ = drive(
+        "postgresql",
         apply_transition(
-            "postgresql",
             MESSAGE_ROWS,
             Action.MARK_SENT,
             where=true(),
