@@ -121,7 +121,8 @@ def worker_env(db: Database, sink_dir: Path, **settings: Any) -> dict[str, str]:
             "MAILBAG_LOG_LEVEL": "WARNING",
             "MAILBAG_SECRET_KEY": BENCH_SECRET_KEY,
             "BENCH_SINK_DIR": str(sink_dir),
-            "PYTHONPATH": str(ROOT),
+            # This checkout's code, not whichever one the package is installed from.
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         }
     )
     env.update({f"MAILBAG_{k.upper()}": str(v) for k, v in settings.items()})
