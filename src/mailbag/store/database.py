@@ -22,7 +22,7 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
@@ -100,12 +100,12 @@ def _mysql_options(
 
 def _engine_options(
     url: URL,
-    *,
-    pool_size: int | None,
-    null_pool: bool,
-    timeout: float,
-    statement_timeout: float | None,
     asynchronous: bool,
+    *,
+    pool_size: int | None = None,
+    null_pool: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    statement_timeout: float | None = None,
 ) -> dict[str, Any]:
     dialect = dialect_of(url)
     # hide_parameters: a database error's message would carry the statement's values (a
@@ -149,57 +149,29 @@ def connect_args(
     return {k: v for k, v in args.items() if k == "options" or k not in parsed.query}
 
 
-def make_engine(
-    url: str | URL,
-    *,
-    pool_size: int | None = None,
-    null_pool: bool = False,
-    timeout: float = DEFAULT_TIMEOUT,
-    statement_timeout: float | None = None,
-) -> Engine:
-    """A sync engine. `timeout` bounds connecting and a silent network; `statement_timeout`
-    (seconds, None: no bound, for migrations and operator commands) bounds each statement."""
+class EngineOptions(TypedDict, total=False):
+    pool_size: int | None  # None: SQLAlchemy's default pool
+    null_pool: bool  # no pool: a connection per use (commands that run once)
+    timeout: float  # connecting and a silent network (DEFAULT_TIMEOUT)
+    statement_timeout: float | None  # each statement; None: no bound (migrations, operators)
+
+
+def make_engine(url: str | URL, **options: Unpack[EngineOptions]) -> Engine:
+    """A sync engine with these timeouts and pool (see the module's docstring)."""
     engine_url = sync_url(url)
-    engine = create_engine(
-        engine_url,
-        **_engine_options(
-            engine_url,
-            pool_size=pool_size,
-            null_pool=null_pool,
-            timeout=timeout,
-            statement_timeout=statement_timeout,
-            asynchronous=False,
-        ),
-    )
+    engine = create_engine(engine_url, **_engine_options(engine_url, False, **options))
     if dialect_of(engine_url) == "sqlite":
         _configure_sqlite(engine)
     return engine
 
 
-def make_async_engine(
-    url: str | URL,
-    *,
-    pool_size: int | None = None,
-    null_pool: bool = False,
-    timeout: float = DEFAULT_TIMEOUT,
-    statement_timeout: float | None = None,
-) -> AsyncEngine:
+def make_async_engine(url: str | URL, **options: Unpack[EngineOptions]) -> AsyncEngine:
     """The async twin of `make_engine`, with the same options."""
     # Imported here: it brings in the ORM, which sync commands (enqueue, purge) never need.
     from sqlalchemy.ext.asyncio import create_async_engine
 
     engine_url = async_url(url)
-    engine = create_async_engine(
-        engine_url,
-        **_engine_options(
-            engine_url,
-            pool_size=pool_size,
-            null_pool=null_pool,
-            timeout=timeout,
-            statement_timeout=statement_timeout,
-            asynchronous=True,
-        ),
-    )
+    engine = create_async_engine(engine_url, **_engine_options(engine_url, True, **options))
     if dialect_of(engine_url) == "sqlite":
         _configure_sqlite(engine.sync_engine)
     return engine
