@@ -12,7 +12,7 @@ usable. The same works with an `AsyncConnection` through `enqueue_async`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -86,21 +86,12 @@ def enqueue(
     *,
     to: str,
     template: str,
-    data: dict[str, Any] | None = None,
-    idempotency_key: str | None = None,
-    known_templates: Collection[str] | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     **fields: Any,
 ) -> Enqueued:
-    """Validate one message and add it to the outbox in the caller's transaction."""
-    message = new_message(
-        to=to,
-        template=template,
-        data=data,
-        idempotency_key=idempotency_key,
-        known_templates=known_templates,
-        **fields,
-    )
+    """Validate one message and add it to the outbox in the caller's transaction. `fields`
+    are `new_message`'s: data, idempotency_key, known_templates, subject, send_at, ..."""
+    message = new_message(to=to, template=template, **fields)
     return enqueue_many(conn, [message], max_attempts=max_attempts)[0]
 
 
@@ -109,18 +100,9 @@ async def enqueue_async(
     *,
     to: str,
     template: str,
-    data: dict[str, Any] | None = None,
-    idempotency_key: str | None = None,
-    known_templates: Collection[str] | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     **fields: Any,
 ) -> Enqueued:
-    message = new_message(
-        to=to,
-        template=template,
-        data=data,
-        idempotency_key=idempotency_key,
-        known_templates=known_templates,
-        **fields,
-    )
+    """`enqueue` on an AsyncConnection."""
+    message = new_message(to=to, template=template, **fields)
     return (await enqueue_many_async(conn, [message], max_attempts=max_attempts))[0]
