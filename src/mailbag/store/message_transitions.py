@@ -32,8 +32,6 @@ MESSAGE_ROWS: Tracked[Status, Action] = Tracked(
     machine=MESSAGES,
     history=message_events,
     subject="message_id",
-    from_state="from_status",
-    to_state="to_status",
     copied={"provider_message_id": "provider_message_id"},
     counter=("attempt", "attempt_count"),
 )

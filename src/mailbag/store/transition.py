@@ -148,17 +148,15 @@ def guarded_update(
 @dataclass(frozen=True)
 class Tracked(Generic[S, A]):
     """A table whose rows move through a domain machine, and the table recording each move:
-    (`subject`, `from_state`, `to_state`, at, actor, detail, and `copied` columns taken from
-    the changed row; `counter` = (history column, row column) adds a count such as the
-    attempt number)."""
+    (`subject`, from_<state>, to_<state>, at, actor, detail, and `copied` columns taken
+    from the changed row; `counter` = (history column, row column) adds a count such as
+    the attempt number)."""
 
     table: Table
     state: str
     machine: Machine[S, A]
     history: Table
     subject: str
-    from_state: str
-    to_state: str
     copied: Mapping[str, str] = field(default_factory=dict)
     counter: tuple[str, str] | None = None
 
@@ -233,8 +231,8 @@ def history_row(
     """The history row of one move (or of a creation, `previous` None), in Python."""
     entry = {
         tracked.subject: row["id"],
-        tracked.from_state: previous,
-        tracked.to_state: row[tracked.state],
+        f"from_{tracked.state}": previous,
+        f"to_{tracked.state}": row[tracked.state],
         "at": at,
         "actor": actor[:200],
         "detail": event.detail(row),
@@ -252,8 +250,8 @@ def _history_sql(
     h = tracked.history.c
     columns: dict[str, ColumnElement[Any]] = {
         tracked.subject: updated.c.id,
-        tracked.from_state: updated.c.previous_state,
-        tracked.to_state: updated.c[tracked.state],
+        f"from_{tracked.state}": updated.c.previous_state,
+        f"to_{tracked.state}": updated.c[tracked.state],
         "at": literal(at, h.at.type),
         "actor": literal(actor[:200], String()),
         "detail": event.detail_sql(updated, h.detail.type),

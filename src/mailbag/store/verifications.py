@@ -35,8 +35,6 @@ VERIFICATION_ROWS: Tracked[VState, VAction] = Tracked(
     machine=VERIFICATIONS,
     history=verification_events,
     subject="verification_id",
-    from_state="from_state",
-    to_state="to_state",
     copied={"message_id": "message_id"},
 )
 
