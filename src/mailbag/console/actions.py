@@ -54,24 +54,48 @@ def _message_details(message: Message) -> list[tuple[str, str]]:
     ]
 
 
-def _require(allowed: bool, what: str, message: Message) -> None:
-    if not allowed:
-        raise NotAllowed(f"{what} does not apply to a message that is {message.status}")
+async def _message_for(c: Console, action: str) -> Message:
+    """The message in the URL, if `action` applies to it in its current state."""
+    message, _, _ = await load_message(c)
+    if not actions_for(message.status)[action]:
+        raise NotAllowed(
+            f"{action.capitalize()} does not apply to a message that is {message.status}"
+        )
+    return message
+
+
+def _confirm_on(
+    c: Console,
+    message: Message,
+    action: str,
+    *,
+    title: str,
+    question: str,
+    fields: dict[str, str] | None = None,
+    details: list[tuple[str, str]] | None = None,
+) -> Response:
+    """The "are you sure" page of an action on one message."""
+    return confirm(
+        c,
+        title=title,
+        question=question,
+        action=f"{message_url(message.id)}/{action}",
+        fields=fields or {},
+        details=[*_message_details(message), *(details or [])],
+        back=message_url(message.id),
+    )
 
 
 async def requeue(c: Console) -> Response:
-    message, _, _ = await load_message(c)
-    _require(actions_for(message.status)["requeue"], "Requeue", message)
+    message = await _message_for(c, "requeue")
     if not c.confirmed:
-        return confirm(
+        return _confirm_on(
             c,
+            message,
+            "requeue",
             title="Requeue this message?",
             question="It becomes pending and a worker sends it again, with a fresh attempt "
             "budget. If an earlier attempt did reach the recipient, they get it twice.",
-            action=f"{message_url(message.id)}/requeue",
-            fields={},
-            details=_message_details(message),
-            back=message_url(message.id),
         )
     changed = await c.services.operations.requeue(
         message_ids=[message.id], now=c.now(), actor=ACTOR
@@ -82,25 +106,21 @@ async def requeue(c: Console) -> Response:
 
 
 async def cancel(c: Console) -> Response:
-    message, _, _ = await load_message(c)
-    _require(actions_for(message.status)["cancel"], "Cancel", message)
+    message = await _message_for(c, "cancel")
     if not c.confirmed:
-        return confirm(
+        return _confirm_on(
             c,
+            message,
+            "cancel",
             title="Cancel this message?",
             question="It will never be sent. This cannot be undone.",
-            action=f"{message_url(message.id)}/cancel",
-            fields={},
-            details=_message_details(message),
-            back=message_url(message.id),
         )
     await c.services.operations.cancel(message_id=message.id, now=c.now(), actor=ACTOR)
     return c.redirect(message_url(message.id), flash="Cancelled: the message will not be sent.")
 
 
 async def resolve(c: Console) -> Response:
-    message, _, _ = await load_message(c)
-    _require(actions_for(message.status)["resolve"], "Resolve", message)
+    message = await _message_for(c, "resolve")
     outcome = c.form.get("outcome", "")
     if outcome not in ("sent", "failed"):
         raise ConsoleError(400, "Outcome missing", "Choose whether the message was sent or not.")
@@ -120,16 +140,16 @@ async def resolve(c: Console) -> Response:
     sent = outcome == "sent"
     if not c.confirmed:
         extra = [("Provider message id", provider_id)] if provider_id else []
-        return confirm(
+        return _confirm_on(
             c,
+            message,
+            "resolve",
             title=f"Mark this message as {outcome}?",
             question="It was accepted by the provider: mark it sent."
             if sent
             else "It never reached the provider: mark it failed. It will not be sent again.",
-            action=f"{message_url(message.id)}/resolve",
             fields={"outcome": outcome, "evidence": evidence, "provider_message_id": provider_id},
-            details=[*_message_details(message), ("Evidence", evidence), *extra],
-            back=message_url(message.id),
+            details=[("Evidence", evidence), *extra],
         )
     await c.services.operations.resolve(
         message_id=message.id,
