@@ -13,19 +13,18 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 ENQUEUED = Counter("mailbag_enqueued_total", "Messages put into the outbox.", ["template"])
-SENT = Counter("mailbag_sent_total", "Messages a provider accepted.", ["provider", "template"])
-FAILED = Counter("mailbag_failed_total", "Messages permanently rejected.", ["provider", "template"])
-DEAD = Counter(
-    "mailbag_dead_total", "Messages whose attempt budget ran out.", ["provider", "template"]
-)
-UNKNOWN = Counter(
-    "mailbag_unknown_total",
-    "Sends whose outcome is unknown (never resent).",
-    ["provider", "template"],
-)
-RETRIED = Counter(
-    "mailbag_retried_total", "Attempts that will be retried.", ["provider", "template"]
-)
+# What each finalize ended in, by the state it left the message in: one counter each.
+OUTCOME_COUNTERS = {
+    state: Counter(f"mailbag_{stem}_total", help_text, ["provider", "template"])
+    for state, stem, help_text in (
+        ("sent", "sent", "Messages a provider accepted."),
+        ("failed", "failed", "Messages permanently rejected."),
+        ("dead", "dead", "Messages whose attempt budget ran out."),
+        ("unknown", "unknown", "Sends whose outcome is unknown (never resent)."),
+        ("retrying", "retried", "Attempts that will be retried."),
+    )
+}
+SENT = OUTCOME_COUNTERS["sent"]
 PROVIDER_SECONDS = Histogram(
     "mailbag_provider_call_seconds",
     "Time a provider call took.",
@@ -91,13 +90,6 @@ UNMATCHED_STORED = Gauge(
     "Stored provider events matched to no message (read at scrape).",
 )
 
-OUTCOME_COUNTERS = {
-    "sent": SENT,
-    "failed": FAILED,
-    "dead": DEAD,
-    "unknown": UNKNOWN,
-    "retrying": RETRIED,
-}
 
 ALL_TENANTS = "all"
 _tenant_labels = False
