@@ -25,8 +25,7 @@ def settings_for(db: Any, **overrides: Any) -> Settings:
 
 def new_tenant(db: Any, name: str = "acme") -> tuple[str, str]:
     """(tenant id, API key)"""
-    with db.engine.begin() as conn:
-        tenant, key = create_tenant(conn, name)
+    tenant, key = create_tenant(db.engine, name)
     return tenant.id, key
 
 

@@ -31,8 +31,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
     db = SqliteDB(tmp_path_factory.mktemp("contract") / "contract.db")
     engine = make_engine(db.url)
     migrate.upgrade(engine)
-    with engine.begin() as conn:
-        _, key = create_tenant(conn, "contract")
+    _, key = create_tenant(engine, "contract")
     engine.dispose()
     with uvicorn_thread(create_app(settings_for(db))) as base:
         yield base, key

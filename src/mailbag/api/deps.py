@@ -40,8 +40,7 @@ async def tenant(
     key = credentials.credentials
     found = svc.known_keys.get(key)
     if found is None:
-        async with svc.engine.connect() as conn:
-            found = await tenants.authenticate(conn, key)
+        found = await tenants.authenticate(svc.engine, key)
         if found is None:
             raise refused
         svc.known_keys.put(key, found)

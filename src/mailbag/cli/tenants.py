@@ -21,8 +21,7 @@ def create(name: Annotated[str, typer.Argument(help="A unique name.")]) -> None:
     if not name.strip() or len(name) > 200:
         fail("the name must be 1 to 200 characters")
     try:
-        with database().begin() as conn:
-            tenant, key = tenant_service.create_tenant(conn, name)
+        tenant, key = tenant_service.create_tenant(database(), name)
     except tenant_service.NameTaken as exc:
         fail(str(exc), code=1)
     typer.echo(f"tenant {tenant.id} ({tenant.name})", err=True)
@@ -34,6 +33,5 @@ def list_() -> None:
     """List tenants (ids, names, key prefixes; never keys)."""
     from mailbag.services import tenants as tenant_service
 
-    with database().connect() as conn:
-        for tenant in tenant_service.all_tenants(conn):
-            typer.echo(f"{tenant.id}\t{tenant.name}\t{tenant.api_key_prefix}...")
+    for tenant in tenant_service.all_tenants(database()):
+        typer.echo(f"{tenant.id}\t{tenant.name}\t{tenant.api_key_prefix}...")
