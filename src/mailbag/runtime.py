@@ -74,15 +74,16 @@ def check_key(settings: Settings) -> None:
     own verification codes and sessions. Call after ensure_schema."""
     from mailbag.clock import utcnow
     from mailbag.store import deployment
-    from mailbag.store.plan import run
+    from mailbag.store.session import Database
 
     expected = key_check(settings.key)
     engine = make_engine(settings.database_url, null_pool=True)
     try:
-        with engine.begin() as conn:  # replicas starting together: the first value stays
-            run(conn, deployment.record_key_check(expected, utcnow()))
-        with engine.connect() as conn:
-            stored = run(conn, deployment.stored_key_check())
+        db = Database(engine)
+        with db.transaction() as tx:  # replicas starting together: the first value stays
+            tx.run(deployment.record_key_check(expected, utcnow()))
+        with db.connect(read_only=True) as session:
+            stored = session.run(deployment.stored_key_check())
     except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
         raise CannotStart(f"cannot use the database {_shown(settings)}: {exc.orig or exc}") from exc
     finally:
@@ -95,12 +96,12 @@ def accept_new_key(settings: Settings) -> None:
     """Make the current key the one this database expects (`migrate --accept-new-key`)."""
     from mailbag.clock import utcnow
     from mailbag.store import deployment
-    from mailbag.store.plan import run
+    from mailbag.store.session import Database
 
     engine = make_engine(settings.database_url, null_pool=True)
     try:
-        with engine.begin() as conn:
-            run(conn, deployment.replace_key_check(key_check(settings.key), utcnow()))
+        with Database(engine).transaction() as tx:
+            tx.run(deployment.replace_key_check(key_check(settings.key), utcnow()))
     except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
         raise CannotStart(f"cannot use the database {_shown(settings)}: {exc.orig or exc}") from exc
     finally:

@@ -25,7 +25,7 @@ from starlette.responses import Response
 
 from mailbag import keys
 from mailbag.store import console_sessions
-from mailbag.store.plan import run_async
+from mailbag.store.session import AsyncDatabase
 from mailbag.web import services
 
 PATH = "/admin"
@@ -36,7 +36,7 @@ FLASH_SECONDS = 60
 
 
 @dataclass(frozen=True)
-class Session:
+class ConsoleSession:
     csrf: str  # sent back in every form; an attacker's page can neither read nor guess it
     # The cookie's session secret, set once logged in; its digest names the database row.
     secret: str | None = None
@@ -69,17 +69,17 @@ class Gate:
         )
 
     @staticmethod
-    def anonymous() -> Session:
+    def anonymous() -> ConsoleSession:
         """A visitor's session: only the login form's CSRF token, nothing on the server."""
-        return Session(csrf=secrets.token_urlsafe(32))
+        return ConsoleSession(csrf=secrets.token_urlsafe(32))
 
     @staticmethod
-    def csrf_matches(session: Session, submitted: str | None) -> bool:
+    def csrf_matches(session: ConsoleSession, submitted: str | None) -> bool:
         return submitted is not None and hmac.compare_digest(
             submitted.encode(), session.csrf.encode()
         )
 
-    async def read(self, request: Request) -> Session | None:
+    async def read(self, request: Request) -> ConsoleSession | None:
         """The cookie's session; None if there is none, or it was ended, or it expired."""
         raw = request.cookies.get(SESSION_COOKIE)
         if not raw:
@@ -92,47 +92,45 @@ class Gate:
             return None
         secret = data.get("sid")
         if secret is None:
-            return Session(csrf=data["csrf"])
+            return ConsoleSession(csrf=data["csrf"])
         if not isinstance(secret, str):
             return None
         svc = services(request)
-        async with svc.engine.connect() as conn:
-            live = await run_async(
-                conn,
+        async with AsyncDatabase(svc.engine).connect(read_only=True) as reading:
+            live = await reading.run(
                 console_sessions.is_live(
                     _digest(secret), self._password_fingerprint, now=svc.clock()
-                ),
+                )
             )
-        return Session(csrf=data["csrf"], secret=secret) if live else None
+        return ConsoleSession(csrf=data["csrf"], secret=secret) if live else None
 
-    async def log_in(self, request: Request, response: Response) -> Session:
+    async def log_in(self, request: Request, response: Response) -> ConsoleSession:
         """A new server-side session (and a new CSRF token: one seen before the login, as
         in login CSRF, is worth nothing), written to the response's cookie."""
         secret = secrets.token_urlsafe(32)
-        session = Session(csrf=secrets.token_urlsafe(32), secret=secret)
+        session = ConsoleSession(csrf=secrets.token_urlsafe(32), secret=secret)
         svc = services(request)
         now = svc.clock()
-        async with svc.engine.begin() as conn:
-            await run_async(
-                conn,
+        async with AsyncDatabase(svc.engine).transaction() as tx:
+            await tx.run(
                 console_sessions.start(
                     _digest(secret),
                     self._password_fingerprint,
                     now=now,
                     expires_at=now + timedelta(seconds=SESSION_SECONDS),
-                ),
+                )
             )
         self.write(request, response, session)
         return session
 
-    async def log_out(self, request: Request, response: Response, session: Session) -> None:
+    async def log_out(self, request: Request, response: Response, session: ConsoleSession) -> None:
         if session.secret is not None:
             svc = services(request)
-            async with svc.engine.begin() as conn:
-                await run_async(conn, console_sessions.end(_digest(session.secret)))
+            async with AsyncDatabase(svc.engine).transaction() as tx:
+                await tx.run(console_sessions.end(_digest(session.secret)))
         response.delete_cookie(SESSION_COOKIE, path=PATH)
 
-    def write(self, request: Request, response: Response, session: Session) -> None:
+    def write(self, request: Request, response: Response, session: ConsoleSession) -> None:
         # "sid": the session secret, null before login.
         value = self._sessions.dumps({"csrf": session.csrf, "sid": session.secret})
         _set_cookie(request, response, SESSION_COOKIE, value, SESSION_SECONDS)

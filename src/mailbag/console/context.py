@@ -29,7 +29,7 @@ class ConsoleError(Exception):
 class Console:
     request: Request
     gate: auth.Gate
-    session: auth.Session
+    session: auth.ConsoleSession
     form: Mapping[str, str]  # the POSTed fields, CSRF already checked; empty on GET
 
     @property

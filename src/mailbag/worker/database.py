@@ -16,22 +16,24 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag.clock import Clock
 from mailbag.domain.message import Message
 from mailbag.store import dispatch
-from mailbag.store.database import Dialect, dialect_of, within
+from mailbag.store.database import within
 from mailbag.store.dispatch import Claim, Finalized
 from mailbag.store.enqueue import NOTIFY_CHANNEL
 from mailbag.store.message_transitions import Changed
-from mailbag.store.plan import run_async
+from mailbag.store.plan import Plan
+from mailbag.store.session import AsyncDatabase
 from mailbag.worker.ledger import Decided
 
 __all__ = ["Finalized", "WorkerDatabase", "Written"]
+T = TypeVar("T")
 
 Written = list[tuple[list[Decided], Finalized]]  # each claim's decisions, and what became of them
 
@@ -47,82 +49,68 @@ class WorkerDatabase:
         timeout: float,
         clock: Clock,
     ) -> None:
-        self.engine = engine
-        self.dialect: Dialect = dialect_of(engine.url)
+        self.db = AsyncDatabase(engine)
         self.worker_id, self.provider = worker_id, provider
         self.lease, self.timeout, self.clock = lease, timeout, clock
 
     async def claim(self, limit: int) -> Claim:
-        return await within(self.timeout, self._claim(limit))
-
-    async def _claim(self, limit: int) -> Claim:
-        async with self.engine.begin() as conn:
-            return await run_async(
-                conn,
-                dispatch.claim(
-                    worker_id=self.worker_id,
-                    now=self.clock(),
-                    lease=self.lease,
-                    limit=limit,
-                ),
-            )
+        plan = dispatch.claim(
+            worker_id=self.worker_id, now=self.clock(), lease=self.lease, limit=limit
+        )
+        return await self._run(plan)
 
     async def finalize(self, batch: Sequence[Decided]) -> Written:
         """Write a batch of decisions; each claim's items with what the store made of them."""
         by_token: dict[uuid.UUID, list[Decided]] = defaultdict(list)
         for item in batch:
             by_token[item.token].append(item)
-        return await within(self.timeout, self._finalize(by_token))
+        return await self._run(self._finalize(by_token, self.clock()))
 
-    async def _finalize(self, by_token: Mapping[uuid.UUID, list[Decided]]) -> Written:
-        async with self.engine.begin() as conn:
-            now = self.clock()
-            results: Written = []
-            for token, items in by_token.items():
-                finalized = await run_async(
-                    conn,
-                    dispatch.finalize(
-                        token=token,
-                        decisions={i.message.id: i.decision for i in items},
-                        now=now,
-                        actor=self.worker_id,
-                        provider=self.provider,
-                    ),
-                )
-                results.append((items, finalized))
+    def _finalize(
+        self, by_token: Mapping[uuid.UUID, list[Decided]], now: datetime
+    ) -> Plan[Written]:
+        results: Written = []
+        for token, items in by_token.items():
+            finalized = yield from dispatch.finalize(
+                token=token,
+                decisions={i.message.id: i.decision for i in items},
+                now=now,
+                actor=self.worker_id,
+                provider=self.provider,
+            )
+            results.append((items, finalized))
         return results
 
     async def extend_leases(self, by_token: Mapping[uuid.UUID, list[uuid.UUID]]) -> None:
-        await within(self.timeout, self._extend_leases(by_token))
+        await self._run(self._extend_leases(by_token, self.clock()))
 
-    async def _extend_leases(self, by_token: Mapping[uuid.UUID, list[uuid.UUID]]) -> None:
-        async with self.engine.begin() as conn:
-            for token, ids in by_token.items():
-                await run_async(
-                    conn,
-                    dispatch.extend_lease(token=token, ids=ids, now=self.clock(), lease=self.lease),
-                )
+    def _extend_leases(
+        self, by_token: Mapping[uuid.UUID, list[uuid.UUID]], now: datetime
+    ) -> Plan[None]:
+        for token, ids in by_token.items():
+            yield from dispatch.extend_lease(token=token, ids=ids, now=now, lease=self.lease)
 
     async def sweep(self) -> list[Changed[Message]]:
         """Every expired lease (anyone's) made `unknown`."""
-        return await within(self.timeout, self._sweep())
-
-    async def _sweep(self) -> list[Changed[Message]]:
-        async with self.engine.begin() as conn:
-            return await run_async(
-                conn, dispatch.sweep_expired(now=self.clock(), actor=self.worker_id)
-            )
+        return await self._run(dispatch.sweep_expired(now=self.clock(), actor=self.worker_id))
 
     async def expired_again(self, message_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
         """Those of `message_ids` whose lease had expired before (a worker keeps dying)."""
-        return await within(self.timeout, self._expired_again(message_ids))
+        return await self._run(dispatch.expired_before(message_ids), read_only=True)
 
-    async def _expired_again(self, message_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
-        async with self.engine.connect() as conn:
-            return await run_async(conn, dispatch.expired_before(message_ids))
+    async def _run(self, plan: Plan[T], *, read_only: bool = False) -> T:
+        """One plan in one transaction (or, reading, one connection), within the timeout."""
+        return await within(self.timeout, self._session(plan, read_only))
+
+    async def _session(self, plan: Plan[T], read_only: bool) -> T:
+        if read_only:
+            async with self.db.connect() as session:
+                return await session.run(plan)
+        async with self.db.transaction() as tx:
+            return await tx.run(plan)
 
     def can_listen(self) -> bool:
-        return self.dialect == "postgresql"
+        return self.db.dialect == "postgresql"
 
     async def listen(self, url: str, on_notify: Callable[[], None], log: Any) -> None:
         """Call `on_notify` at every enqueue's NOTIFY, reconnecting as needed (PostgreSQL)."""
