@@ -529,3 +529,12 @@ def test_last_error_keeps_at_most_2000_characters(db, length):
     stored = get(db, msg.id).last_error
     assert len(stored) == min(length, 2000)
     assert events(db, msg.id)[-1].detail == stored
+
+
+def test_a_tenant_scope_is_never_dropped_even_an_empty_one(db):
+    """A filter that names a tenant matches that tenant only: an empty id matches nobody,
+    never every tenant's messages."""
+    (msg,) = enqueue(db)
+    with db.engine.connect() as conn:
+        assert run(conn, message_store.page(Filter(tenant_id=msg.tenant_id), limit=10))[0]
+        assert run(conn, message_store.page(Filter(tenant_id=""), limit=10)) == ([], False)

@@ -28,7 +28,7 @@ def matching(where: Filter) -> ColumnElement[bool]:
         conditions.append(om.c.id.in_(where.ids))
     if where.status is not None:
         conditions.append(om.c.status == where.status.value)
-    if where.tenant_id:
+    if where.tenant_id is not None:  # a tenant scope, once given, is never dropped
         conditions.append(om.c.tenant_id == where.tenant_id)
     if where.to:
         # Local parts are case-sensitive by the RFC but not by any mailbox anyone uses.
