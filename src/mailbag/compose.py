@@ -20,11 +20,13 @@ from email.utils import format_datetime
 from functools import cached_property
 from typing import Any
 
+from mailbag.domain.content import Address, Attachment, Recipients
 from mailbag.domain.message import (
     STRUCTURED_HEADERS,
     InvalidMessage,
     Message,
     NewMessage,
+    ascii_address,
     ascii_domain,
 )
 from mailbag.templates import Catalog, TemplateError
@@ -59,8 +61,7 @@ class OutgoingEmail:
     tenant_id: str
     from_email: str
     from_name: str | None
-    to_email: str
-    to_name: str | None
+    recipients: Recipients  # Bcc: envelope only, never a header
     subject: str
     html: str
     text: str
@@ -68,6 +69,40 @@ class OutgoingEmail:
     date: datetime
     headers: Mapping[str, str] = field(default_factory=dict)
     tags: Sequence[str] = ()
+    reply_to: Sequence[Address] = ()
+    attachments: Sequence[Attachment] = ()  # inline ones (content_id set) are cid: images
+    unsubscribe_url: str | None = None  # List-Unsubscribe + One-Click (RFC 8058)
+    unsubscribe_mailto: str | None = None
+
+    @property
+    def to_email(self) -> str:
+        """The first To address (the one the store indexes and events are matched by)."""
+        return self.recipients.to[0].address
+
+    @property
+    def to_name(self) -> str | None:
+        return self.recipients.to[0].name
+
+    @property
+    def envelope_recipients(self) -> list[str]:
+        """RCPT TO / Destinations: To, Cc and Bcc, each once."""
+        return self.recipients.envelope
+
+    @property
+    def list_unsubscribe(self) -> dict[str, str]:
+        """The List-Unsubscribe headers (RFC 2369, RFC 8058), in their wire form; empty when
+        the message has no unsubscribe link."""
+        targets = []
+        if self.unsubscribe_url:
+            targets.append(f"<{self.unsubscribe_url}>")
+        if self.unsubscribe_mailto:
+            targets.append(f"<mailto:{ascii_address(self.unsubscribe_mailto)}>")
+        if not targets:
+            return {}
+        headers = {"List-Unsubscribe": ", ".join(targets)}
+        if self.unsubscribe_url:
+            headers["List-Unsubscribe-Post"] = "List-Unsubscribe=One-Click"
+        return headers
 
     @property
     def idempotency_key(self) -> str:
@@ -145,30 +180,46 @@ def compose(
     message_id_domain: str,
     now: datetime,
     secrets: Callable[[Message], Mapping[str, Any]] | None = None,
+    contents: Mapping[str, bytes] | None = None,
 ) -> OutgoingEmail:
     """Render and assemble one email. Raises TemplateError when the template cannot render.
 
     `secrets` gives the template fields that are never stored (a verification's token and
-    link): they join the data only here, for this rendering."""
-    data = {**message.template_data, **secrets(message)} if secrets else message.template_data
-    rendered = catalog.render(message.template_name, data, message.subject)
+    link): they join the data only here, for this rendering. `contents` holds the bytes
+    of the message's attachments by SHA-256 (the store reads them with the claim)."""
+    contents = contents or {}
+    if message.template_name is None:  # ready-made: checked and completed at enqueue
+        subject, html, text = message.subject or "", message.html or "", message.text or ""
+    else:
+        data = {**message.template_data, **secrets(message)} if secrets else message.template_data
+        rendered = catalog.render(message.template_name, data, message.subject)
+        subject, html, text = rendered.subject, rendered.html, rendered.text
     from_email = message.from_address or default_from_email
-    from_name = default_from_name if message.from_address is None else None
+    if message.from_address is None:
+        from_name = default_from_name
+    else:
+        from_name = message.from_name
     return OutgoingEmail(
         message_id=message.id,
         attempt=message.attempt,
         tenant_id=message.tenant_id,
         from_email=from_email,
         from_name=from_name,
-        to_email=message.to_address,
-        to_name=message.to_name,
-        subject=rendered.subject,
-        html=rendered.html,
-        text=rendered.text,
+        recipients=message.all_recipients,
+        subject=subject,
+        html=html,
+        text=text,
         rfc_message_id=rfc_message_id(message.id, message_id_domain),
         date=now,
         headers=dict(message.headers),
         tags=list(message.tags),
+        reply_to=message.reply_to,
+        attachments=tuple(
+            Attachment(ref.filename, ref.content_type, contents[ref.sha256], ref.content_id)
+            for ref in message.attachments
+        ),
+        unsubscribe_url=message.unsubscribe_url,
+        unsubscribe_mailto=message.unsubscribe_mailto,
     )
 
 
@@ -178,6 +229,8 @@ def check_renders(message: NewMessage, catalog: Catalog) -> None:
     is refused now (InvalidMessage) instead of ending `failed` later. For callers whose
     data is complete at enqueue (the API and the CLI; a verification's token joins only
     at render time)."""
+    if message.template_name is None:
+        return
     try:
         catalog.render(message.template_name, message.template_data, message.subject)
     except TemplateError as exc:

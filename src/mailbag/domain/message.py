@@ -14,6 +14,22 @@ import idna
 from email_validator import EmailNotValidError, validate_email
 
 from mailbag.domain import storable
+from mailbag.domain.content import (
+    BODY_MAX_BYTES,
+    FILENAME_MAX,
+    UNSUBSCRIBE_URL_MAX,
+    Address,
+    Attachment,
+    AttachmentRef,
+    Limits,
+    Priority,
+    Recipients,
+    cid_references,
+    content_id_problem,
+    content_type_problem,
+    inline_css,
+    text_from_html,
+)
 from mailbag.domain.states import Status
 
 # Column limits (the seed design's, plus the ones it left open). The schema uses the same names.
@@ -106,23 +122,46 @@ class InvalidMessage(ValueError):
         super().__init__("; ".join(f"{name}: {problem}" for name, problem in self.errors.items()))
 
 
+class MessageTooLarge(InvalidMessage):
+    """A message over a size limit (an attachment, a body, the whole): HTTP 413."""
+
+
 @dataclass(frozen=True)
 class NewMessage:
-    """A validated, normalized message, ready for the store. Build it with `new_message`."""
+    """A validated, normalized message, ready for the store. Build it with `new_message`.
 
-    to_address: str
-    template_name: str
+    Its content is a template (`template_name`, rendered at send time) or ready-made
+    (`template_name` None; `subject`, `html` and `text` as they go out)."""
+
+    recipients: Recipients
+    template_name: str | None
     template_data: Mapping[str, Any] = field(default_factory=dict)
-    to_name: str | None = None
     from_address: str | None = None
+    from_name: str | None = None
+    reply_to: tuple[Address, ...] = ()
     subject: str | None = None
+    html: str | None = None
+    text: str | None = None
+    attachments: tuple[Attachment, ...] = ()
     headers: Mapping[str, str] = field(default_factory=dict)
     tags: Sequence[str] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
     tenant_id: str = DEFAULT_TENANT
     idempotency_key: str | None = None
     send_at: datetime | None = None
+    expires_at: datetime | None = None
+    priority: Priority = Priority.NORMAL
+    unsubscribe_url: str | None = None
+    unsubscribe_mailto: str | None = None
     max_attempts: int | None = None
+
+    @property
+    def to_address(self) -> str:
+        return self.recipients.to[0].address
+
+    @property
+    def to_name(self) -> str | None:
+        return self.recipients.to[0].name
 
 
 def truncate_error(error: str | None) -> str | None:
@@ -202,29 +241,51 @@ def unsafe_text(value: str, *, tab: bool = True) -> str | None:
 _LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 
 
+AddressInput = str | Address | Mapping[str, Any]
+
+
 def new_message(
     *,
-    to: str,
-    template: str,
+    to: AddressInput | Sequence[AddressInput],
+    template: str | None = None,
     data: Mapping[str, Any] | None = None,
     to_name: str | None = None,
+    cc: Sequence[AddressInput] | None = None,
+    bcc: Sequence[AddressInput] | None = None,
+    reply_to: AddressInput | Sequence[AddressInput] | None = None,
     from_address: str | None = None,
+    from_name: str | None = None,
     subject: str | None = None,
+    html: str | None = None,
+    text: str | None = None,
+    inline_css: bool = False,
+    attachments: Sequence[Attachment] | None = None,
     headers: Mapping[str, str] | None = None,
     tags: Sequence[str] | None = None,
     metadata: Mapping[str, Any] | None = None,
     tenant_id: str = DEFAULT_TENANT,
     idempotency_key: str | None = None,
     send_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    priority: Priority | str | int | None = None,
+    unsubscribe_url: str | None = None,
+    unsubscribe_mailto: str | None = None,
     max_attempts: int | None = None,
     known_templates: Collection[str] | None = None,
     address_rules: AddressRules = AddressRules(),
+    limits: Limits = Limits(),
 ) -> NewMessage:
     """Validate and normalize every field, reporting all problems at once.
 
-    `address_rules` says what the deployment can send to (see `AddressRules`); the API and
-    the CLI pass the configured provider's."""
+    `to`, `cc`, `bcc` and `reply_to` take addresses as strings, `Address`es or
+    {"address", "name"} mappings (`to_name` names a single `to` given as a string). The
+    content is a `template` with `data`, or ready-made: `subject` with `html` and/or
+    `text` (the text part is generated from the HTML when only HTML is given;
+    `inline_css` moves its <style> rules into style attributes first). `address_rules`
+    says what the deployment can send to, `limits` how much one message may carry; the
+    API and the CLI pass the configured ones. Size problems raise MessageTooLarge."""
     errors: dict[str, str] = {}
+    too_large: dict[str, str] = {}
 
     def check_text(name: str, value: str | None, limit: int, *, header: bool = True) -> None:
         if value is None:
@@ -236,13 +297,23 @@ def new_message(
         elif len(value) > limit:
             errors[name] = f"is {len(value)} characters; the limit is {limit}"
 
-    to_address = _address("to", to, errors, address_rules)
-    sender = (
-        _address("from_address", from_address, errors, address_rules)
-        if from_address is not None
-        else None
+    if isinstance(to, str) and to_name is not None:
+        to = Address(to, to_name)
+    recipients = Recipients(
+        to=_addresses("to", to, errors, address_rules, required=True),
+        cc=_addresses("cc", cc, errors, address_rules),
+        bcc=_addresses("bcc", bcc, errors, address_rules),
     )
-    check_text("to_name", to_name, NAME_MAX)
+    if len(recipients) > limits.max_recipients and "to" not in errors:
+        errors["to"] = (
+            f"{len(recipients)} recipients (to, cc and bcc together); the limit is "
+            f"{limits.max_recipients}"
+        )
+    replies = _addresses("reply_to", reply_to, errors, address_rules)
+    sender = (
+        _address("from", from_address, errors, address_rules) if from_address is not None else None
+    )
+    check_text("from_name", from_name, NAME_MAX)
     check_text("subject", subject, SUBJECT_MAX)
     check_text("tenant_id", tenant_id, TENANT_ID_MAX)
     if not tenant_id:
@@ -251,42 +322,244 @@ def new_message(
     if idempotency_key is not None and not idempotency_key.strip():
         errors["idempotency_key"] = "must not be blank"
 
-    if not isinstance(template, str) or not _TEMPLATE_NAME.match(template):
-        errors["template"] = "must be lowercase letters, digits, '-', '_' or '.'"
-    elif len(template) > TEMPLATE_NAME_MAX:
-        errors["template"] = f"is longer than {TEMPLATE_NAME_MAX} characters"
-    elif known_templates is not None and template not in known_templates:
-        errors["template"] = f"unknown template {template!r}"
+    ready_made = html is not None or text is not None
+    if template is None and not ready_made:
+        errors["template"] = "give a template, or ready-made content (subject with html or text)"
+    elif template is not None and ready_made:
+        errors["template"] = "give a template or ready-made html/text, not both"
+    elif template is not None:
+        if not isinstance(template, str) or not _TEMPLATE_NAME.match(template):
+            errors["template"] = "must be lowercase letters, digits, '-', '_' or '.'"
+        elif len(template) > TEMPLATE_NAME_MAX:
+            errors["template"] = f"is longer than {TEMPLATE_NAME_MAX} characters"
+        elif known_templates is not None and template not in known_templates:
+            errors["template"] = f"unknown template {template!r}"
+    elif not subject:
+        errors["subject"] = "is required with ready-made html or text"
+    if template is not None and data is None:
+        data = {}
+    if ready_made and data:
+        errors["data"] = "is for templates; ready-made content is sent as given"
+    if template is not None and inline_css:
+        errors["inline_css"] = "applies to ready-made html only"
+
+    html, text = _body(html, text, inline_css, errors, too_large)
+    files = _attachments(attachments, errors, too_large, limits)
+    body_bytes = sum(len(part.encode()) for part in (html or "", text or ""))
+    total = body_bytes + sum(a.size for a in files)
+    if total > limits.max_message_bytes and not too_large:
+        too_large["attachments"] = (
+            f"the message carries {total} bytes (bodies and attachments); the limit is "
+            f"{limits.max_message_bytes}"
+        )
+    if html is not None and "attachments" not in errors:
+        missing = cid_references(html) - {a.content_id for a in files if a.content_id}
+        if missing:
+            errors["html"] = (
+                f"refers to cid:{sorted(missing)[0]}, and no attachment has that content_id"
+            )
 
     template_data = _json_object("data", data, errors, TEMPLATE_DATA_MAX_BYTES)
     meta = _json_object("metadata", metadata, errors, TEMPLATE_DATA_MAX_BYTES)
     clean_headers = _headers(headers or {}, errors)
+    for header, given in (
+        ("reply-to", bool(replies)),
+        ("list-unsubscribe", unsubscribe_url is not None or unsubscribe_mailto is not None),
+    ):
+        if given and any(name.lower() == header for name in clean_headers):
+            errors["headers"] = f"{header} is set by its own field here; do not give both"
     clean_tags = _tags(tags or (), errors)
+    level = _priority(priority, errors)
+    if unsubscribe_url is not None and (problem := _unsubscribe_url_problem(unsubscribe_url)):
+        errors["unsubscribe_url"] = problem
+    mailto = (
+        _address("unsubscribe_mailto", unsubscribe_mailto, errors, address_rules)
+        if unsubscribe_mailto is not None
+        else None
+    )
 
     if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
         errors["max_attempts"] = "must be a positive integer"
-    if send_at is not None and send_at.tzinfo is None:
-        errors["send_at"] = "must carry a time zone"
-    elif send_at is not None and (problem := storable.time_problem(send_at)) is not None:
-        errors["send_at"] = problem
+    for name, moment in (("send_at", send_at), ("expires_at", expires_at)):
+        if moment is not None and moment.tzinfo is None:
+            errors[name] = "must carry a time zone"
+        elif moment is not None and (problem := storable.time_problem(moment)) is not None:
+            errors[name] = problem
+    if send_at and expires_at and expires_at <= send_at and not errors.keys() & {"send_at"}:
+        errors["expires_at"] = "must be after send_at"
 
+    if too_large:
+        raise MessageTooLarge({**errors, **too_large})
     if errors:
         raise InvalidMessage(errors)
     return NewMessage(
-        to_address=to_address,
+        recipients=recipients,
         template_name=template,
         template_data=template_data,
-        to_name=to_name or None,
         from_address=sender,
+        from_name=from_name or None,
+        reply_to=replies,
         subject=subject,
+        html=html,
+        text=text,
+        attachments=files,
         headers=clean_headers,
         tags=clean_tags,
         metadata=meta,
         tenant_id=tenant_id,
         idempotency_key=idempotency_key,
         send_at=send_at,
+        expires_at=expires_at,
+        priority=level,
+        unsubscribe_url=unsubscribe_url,
+        unsubscribe_mailto=mailto,
         max_attempts=max_attempts,
     )
+
+
+def _addresses(
+    name: str,
+    value: AddressInput | Sequence[AddressInput] | None,
+    errors: dict[str, str],
+    rules: AddressRules,
+    *,
+    required: bool = False,
+) -> tuple[Address, ...]:
+    """A list of mailboxes, each checked and normalized as a single address is."""
+    if value is None or (isinstance(value, Sequence) and not isinstance(value, str) and not value):
+        if required:
+            errors[name] = "needs at least one address"
+        return ()
+    items = [value] if isinstance(value, str | Address | Mapping) else list(value)
+    found: list[Address] = []
+    for item in items:
+        address: object
+        display: object
+        if isinstance(item, Address):
+            address, display = item.address, item.name
+        elif isinstance(item, Mapping):
+            address, display = item.get("address"), item.get("name")
+        else:
+            address, display = item, None
+        if display is not None and (
+            not isinstance(display, str)
+            or (problem := unsafe_text(display)) is not None
+            or len(display) > NAME_MAX
+        ):
+            errors[name] = (
+                f"the name of {address!r} "
+                + (problem if isinstance(display, str) and problem else "is not a valid name")
+                if isinstance(display, str) and len(display) <= NAME_MAX
+                else f"each name is a string of at most {NAME_MAX} characters"
+            )
+            return ()
+        normalized = _address(name, address, errors, rules)
+        if name in errors:
+            return ()
+        found.append(Address(normalized, display if isinstance(display, str) and display else None))
+    return tuple(found)
+
+
+def _body(
+    html: str | None,
+    text: str | None,
+    inline: bool,
+    errors: dict[str, str],
+    too_large: dict[str, str],
+) -> tuple[str | None, str | None]:
+    for name, value in (("html", html), ("text", text)):
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            errors[name] = "must be a string"
+        elif any(unicodedata.category(ch) == "Cs" for ch in value):
+            errors[name] = "must be valid Unicode (found a lone surrogate)"
+        elif "\x00" in value:
+            errors[name] = "must not contain NUL characters"
+        elif len(value.encode()) > BODY_MAX_BYTES:
+            too_large[name] = f"is larger than {BODY_MAX_BYTES} bytes"
+        elif not value.strip():
+            errors[name] = "must not be blank"
+    if errors.keys() & {"html", "text"} or too_large:
+        return html, text
+    if html is not None:
+        if inline:
+            html = inline_css(html)
+        if text is None:
+            text = text_from_html(html)
+    return html, text
+
+
+def _attachments(
+    attachments: Sequence[Attachment] | None,
+    errors: dict[str, str],
+    too_large: dict[str, str],
+    limits: Limits,
+) -> tuple[Attachment, ...]:
+    if not attachments:
+        return ()
+    if len(attachments) > limits.max_attachments:
+        errors["attachments"] = f"at most {limits.max_attachments} attachments"
+        return ()
+    content_ids: set[str] = set()
+    for index, item in enumerate(attachments):
+        where = f"attachments[{index}]"
+        if not isinstance(item, Attachment):
+            errors["attachments"] = f"{where} is not an Attachment"
+            return ()
+        if (
+            not item.filename
+            or len(item.filename) > FILENAME_MAX
+            or (problem := unsafe_text(item.filename, tab=False)) is not None
+            or "/" in item.filename
+            or "\\" in item.filename
+        ):
+            errors["attachments"] = (
+                f"{where}.filename must be 1 to {FILENAME_MAX} characters, with no path "
+                "separator and no control characters"
+            )
+            return ()
+        if (problem := content_type_problem(item.content_type)) is not None:
+            errors["attachments"] = f"{where}.content_type {problem}"
+            return ()
+        if item.content_id is not None:
+            if (problem := content_id_problem(item.content_id)) is not None:
+                errors["attachments"] = f"{where}.content_id {problem}"
+                return ()
+            if item.content_id in content_ids:
+                errors["attachments"] = f"{where}.content_id {item.content_id!r} is used twice"
+                return ()
+            content_ids.add(item.content_id)
+        if item.size > limits.max_attachment_bytes:
+            too_large["attachments"] = (
+                f"{where} ({item.filename!r}) is {item.size} bytes; the limit for one "
+                f"attachment is {limits.max_attachment_bytes}"
+            )
+            return ()
+    return tuple(attachments)
+
+
+def _priority(value: Priority | str | int | None, errors: dict[str, str]) -> Priority:
+    if value is None:
+        return Priority.NORMAL
+    try:
+        return Priority.named(value) if isinstance(value, str) else Priority(value)
+    except (KeyError, ValueError):
+        errors["priority"] = "must be high, normal or low"
+        return Priority.NORMAL
+
+
+def _unsubscribe_url_problem(url: object) -> str | None:
+    # RFC 8058: the one-click URI must be HTTPS; it goes into a header inside <...>.
+    if not isinstance(url, str):
+        return "must be a string"
+    if not url.startswith("https://") or len(url) <= len("https://"):
+        return "must be an https:// URL (RFC 8058)"
+    if len(url) > UNSUBSCRIBE_URL_MAX:
+        return f"is longer than {UNSUBSCRIBE_URL_MAX} characters"
+    if not url.isascii() or any(ch in url for ch in ' <>"\t') or unsafe_text(url) is not None:
+        return "must be printable ASCII without spaces, quotes or angle brackets (percent-encode)"
+    return None
 
 
 def _address(name: str, value: object, errors: dict[str, str], rules: AddressRules) -> str:
@@ -391,7 +664,7 @@ class Message:
     to_name: str | None
     from_address: str | None
     subject: str | None
-    template_name: str
+    template_name: str | None  # None: ready-made content (html, text)
     template_data: Mapping[str, Any]
     headers: Mapping[str, str]
     tags: Sequence[str]
@@ -411,6 +684,29 @@ class Message:
     last_error: str | None
     sent_at: datetime | None
     ambiguous_since: datetime | None
+    # Added with what a message can carry (migration 0006); store.message_transitions
+    # turns their stored form into these types.
+    from_name: str | None = None
+    recipients: Recipients | None = None  # None: to_address alone (see `all_recipients`)
+    reply_to: tuple[Address, ...] = ()
+    html: str | None = None
+    text: str | None = None
+    expires_at: datetime | None = None
+    priority: int = Priority.NORMAL
+    claim_order_at: datetime | None = None
+    unsubscribe_url: str | None = None
+    unsubscribe_mailto: str | None = None
+    suppressed: tuple[str, ...] = ()  # recipients dropped at enqueue: on the suppression list
+    # Not a column: read from message_attachments when asked for.
+    attachments: tuple[AttachmentRef, ...] = ()
+
+    @property
+    def all_recipients(self) -> Recipients:
+        return self.recipients or Recipients(to=(Address(self.to_address, self.to_name),))
+
+    @property
+    def ready_made(self) -> bool:
+        return self.template_name is None
 
     @property
     def attempt(self) -> int:

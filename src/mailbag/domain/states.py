@@ -21,6 +21,7 @@ class Status(StrEnum):
     DEAD = "dead"
     UNKNOWN = "unknown"
     CANCELLED = "cancelled"
+    EXPIRED = "expired"  # its expires_at passed before it could be sent
 
 
 class Action(StrEnum):
@@ -39,6 +40,7 @@ class Action(StrEnum):
     RESOLVE_SENT = "resolve_sent"  # evidence shows an unknown send was accepted
     RESOLVE_FAILED = "resolve_failed"  # evidence shows an unknown send was not accepted
     FLAG = "flag"  # no evidence came in time: an operator has to decide
+    LAPSE = "lapse"  # claimed after its expires_at: finalized without a provider call
 
 
 S, A = Status, Action
@@ -61,6 +63,7 @@ TRANSITIONS: tuple[Transition[Status, Action], ...] = (
     Transition(S.PROCESSING, A.RELEASE, S.PENDING, when=NEVER_ATTEMPTED),
     Transition(S.PROCESSING, A.RELEASE, S.RETRYING, when=ATTEMPTED),
     Transition(S.PROCESSING, A.EXPIRE, S.UNKNOWN),
+    Transition(S.PROCESSING, A.LAPSE, S.EXPIRED),
     Transition(S.UNKNOWN, A.REQUEUE, S.PENDING),
     Transition(S.DEAD, A.REQUEUE, S.PENDING),
     Transition(S.PENDING, A.CANCEL, S.CANCELLED),
@@ -74,5 +77,5 @@ sources, targets, target = MESSAGES.sources, MESSAGES.targets, MESSAGES.target
 is_allowed, can_move = MESSAGES.is_allowed, MESSAGES.can_move
 
 CLAIMABLE: frozenset[Status] = sources(A.CLAIM)
-TERMINAL: frozenset[Status] = frozenset({S.SENT, S.FAILED, S.DEAD, S.CANCELLED})
+TERMINAL: frozenset[Status] = frozenset({S.SENT, S.FAILED, S.DEAD, S.CANCELLED, S.EXPIRED})
 NEEDS_DECISION: frozenset[Status] = frozenset({S.UNKNOWN})

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import ColumnElement, Row
 
+from mailbag.domain.content import Address, Recipients
 from mailbag.domain.message import Message
 from mailbag.domain.states import MESSAGES, Action, Status
 from mailbag.store import verifications
@@ -57,7 +58,7 @@ class Settled:
     tenant_id: str
     status: str
     attempt_count: int
-    template_name: str
+    template_name: str | None
     metadata: Mapping[str, Any]
     provider_message_id: str | None
     last_error: str | None
@@ -78,8 +79,12 @@ CLAIM_CLEARED: dict[str, Any] = {
 
 MESSAGE_COLUMNS = len(om.columns)
 # Rows are turned into Messages by position (the hot path of every claim and finalize):
-# the dataclass must list the table's columns in the table's order.
-assert list(Message.__dataclass_fields__) == [c.name for c in om.columns]
+# the dataclass must list the table's columns in the table's order (then `attachments`,
+# which is not a column).
+assert list(Message.__dataclass_fields__) == [c.name for c in om.columns] + ["attachments"]
+_RECIPIENTS, _REPLY_TO, _SUPPRESSED = (
+    [c.name for c in om.columns].index(name) for name in ("recipients", "reply_to", "suppressed")
+)
 
 
 def settled_from_row(row: Row[Any]) -> Settled:
@@ -87,8 +92,14 @@ def settled_from_row(row: Row[Any]) -> Settled:
 
 
 def message_from_row(row: Row[Any]) -> Message:
-    """A Message from a row that starts with all of outbox_messages' columns, in order."""
-    return Message(*row[:MESSAGE_COLUMNS])
+    """A Message from a row that starts with all of outbox_messages' columns, in order.
+    The JSON of the columns added by 0006 becomes their types (most rows have NULLs)."""
+    values = list(row[:MESSAGE_COLUMNS])
+    if values[_RECIPIENTS] is not None:
+        values[_RECIPIENTS] = Recipients.from_json(values[_RECIPIENTS])
+    values[_REPLY_TO] = tuple(Address.from_json(a) for a in values[_REPLY_TO] or ())
+    values[_SUPPRESSED] = tuple(values[_SUPPRESSED] or ())
+    return Message(*values)
 
 
 def transition(

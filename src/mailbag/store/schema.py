@@ -20,6 +20,8 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
     String,
     Table,
     Uuid,
@@ -27,10 +29,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.schema import SchemaItem
 
+from mailbag.domain import content
 from mailbag.domain import message as limits
 from mailbag.domain.states import CLAIMABLE, Status
 from mailbag.domain.verification import ACTIVE, VState
-from mailbag.store.types import UTCDateTime, bigint_pk, json_type
+from mailbag.store.types import UTCDateTime, bigint_pk, json_type, long_binary, long_text
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -93,7 +96,7 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         Column("to_name", String(limits.NAME_MAX)),
         Column("from_address", String(limits.ADDRESS_MAX)),
         Column("subject", String(limits.SUBJECT_MAX)),
-        Column("template_name", String(limits.TEMPLATE_NAME_MAX), nullable=False),
+        Column("template_name", String(limits.TEMPLATE_NAME_MAX)),  # NULL: ready-made
         Column("template_data", json_type(), nullable=False),
         Column("headers", json_type(), nullable=False),
         Column("tags", json_type(), nullable=False),
@@ -115,6 +118,19 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         # Set while retries reuse one provider idempotency key after an ambiguous send: the
         # retry is only safe while the provider still remembers that key.
         Column("ambiguous_since", UTCDateTime),
+        # What a message can carry (migration 0006). NULL recipients: to_address alone.
+        Column("from_name", String(limits.NAME_MAX)),
+        Column("recipients", json_type()),
+        Column("reply_to", json_type()),
+        Column("html", long_text()),
+        Column("text", long_text()),
+        Column("expires_at", UTCDateTime),
+        Column("priority", SmallInteger, nullable=False, server_default="0"),
+        # next_attempt_at less the priority's head start (content.HEAD_START): claim order.
+        Column("claim_order_at", UTCDateTime),
+        Column("unsubscribe_url", String(content.UNSUBSCRIBE_URL_MAX)),
+        Column("unsubscribe_mailto", String(limits.ADDRESS_MAX)),
+        Column("suppressed", json_type()),
         CheckConstraint(STATUS_CHECK_SQL, name="status"),
         CheckConstraint("attempt_count >= 0", name="attempt_count"),
         Index(None, "tenant_id", "idempotency_key", unique=True),
@@ -130,7 +146,7 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
             Column(
                 "claimable_at",
                 UTCDateTime,
-                Computed(f"CASE WHEN {CLAIMABLE_SQL} THEN next_attempt_at END", persisted=True),
+                Computed(f"CASE WHEN {CLAIMABLE_SQL} THEN claim_order_at END", persisted=True),
             )
         )
         Index(None, table.c.claimable_at, table.c.id)
@@ -138,7 +154,7 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
     else:
         Index(
             "ix_outbox_messages_claimable",
-            table.c.next_attempt_at,
+            table.c.claim_order_at,
             table.c.id,
             **_where(CLAIMABLE_SQL),
         )
@@ -210,7 +226,7 @@ def _email_verifications(md: MetaData, dialect: str | None) -> Table:
         Column("confirm_attempts", Integer, nullable=False),
         Column("send_count", Integer, nullable=False),
         Column("message_id", Uuid),
-        Column("template_name", String(limits.TEMPLATE_NAME_MAX), nullable=False),
+        Column("template_name", String(limits.TEMPLATE_NAME_MAX)),  # NULL: ready-made
         Column("redirect_url", String(2000)),
         Column("created_at", UTCDateTime, nullable=False),
         Column("updated_at", UTCDateTime, nullable=False),
@@ -341,6 +357,53 @@ def _deployment(md: MetaData) -> Table:
     )
 
 
+def _attachments(md: MetaData) -> Table:
+    """Attachment bytes, once each whatever the number of messages that carry them: the
+    key is their SHA-256. `purge` deletes the rows no message references any more."""
+    return _table(
+        "attachments",
+        md,
+        Column("sha256", String(64), primary_key=True),  # hex
+        Column("size", BigInteger, nullable=False),
+        Column("content", long_binary(), nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+    )
+
+
+def _message_attachments(md: MetaData) -> Table:
+    """Which attachments a message carries, in order, under which name and type."""
+    return _table(
+        "message_attachments",
+        md,
+        Column(
+            "message_id",
+            Uuid,
+            ForeignKey("outbox_messages.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        Column("position", Integer, nullable=False),
+        Column("sha256", String(64), ForeignKey("attachments.sha256"), nullable=False),
+        Column("filename", String(content.FILENAME_MAX), nullable=False),
+        Column("content_type", String(content.CONTENT_TYPE_MAX), nullable=False),
+        Column("content_id", String(content.CONTENT_ID_MAX)),
+        PrimaryKeyConstraint("message_id", "position"),
+        Index(None, "sha256"),
+    )
+
+
+def _tenant_senders(md: MetaData) -> Table:
+    """The From addresses a tenant may send from (`mailbag tenants senders add`)."""
+    return _table(
+        "tenant_senders",
+        md,
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("address", String(limits.ADDRESS_MAX), nullable=False),
+        Column("name", String(limits.NAME_MAX)),
+        Column("created_at", UTCDateTime, nullable=False),
+        PrimaryKeyConstraint("tenant_id", "address"),
+    )
+
+
 def _is_mysql(dialect: str | None) -> bool:
     return dialect in ("mysql", "mariadb")
 
@@ -358,6 +421,9 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     _suppressions(md)
     _console_sessions(md)
     _deployment(md)
+    _attachments(md)
+    _message_attachments(md)
+    _tenant_senders(md)
     return md
 
 
@@ -373,6 +439,9 @@ provider_events = metadata.tables["provider_events"]
 suppressions = metadata.tables["suppressions"]
 console_sessions = metadata.tables["console_sessions"]
 deployment = metadata.tables["deployment"]
+attachments = metadata.tables["attachments"]
+message_attachments = metadata.tables["message_attachments"]
+tenant_senders = metadata.tables["tenant_senders"]
 _mysql_metadata = build_metadata("mysql")
 
 

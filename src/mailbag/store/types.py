@@ -7,7 +7,17 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Dialect, Integer, Table
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Dialect,
+    Integer,
+    LargeBinary,
+    Table,
+    Text,
+)
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
@@ -42,6 +52,16 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None or value.tzinfo is UTC:
             return value
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def long_text() -> TypeEngine[Any]:
+    """Text of up to 4 GiB: MariaDB's TEXT stops at 64 KiB."""
+    return Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+
+def long_binary() -> TypeEngine[Any]:
+    """Bytes of up to 4 GiB: MariaDB's BLOB stops at 64 KiB."""
+    return LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 
 
 def json_type() -> TypeEngine[Any]:
