@@ -130,7 +130,7 @@ def test_a_valid_message_is_normalized():
         ({"subject": "s" * 501}, "subject"),
         ({"subject": "hi\nBcc: evil@example.com"}, "subject"),
         ({"to_name": "Ada\r\nBcc: x@y"}, "to_name"),
-        ({"from_address": "x@y\nz"}, "from_address"),
+        ({"from_address": "x@y\nz"}, "from"),
         ({"headers": {"X-A": "v\r\nBcc: x@y"}}, "headers"),
         ({"headers": {"Bad Name": "v"}}, "headers"),
         ({"headers": {"Subject": "override"}}, "headers"),

@@ -297,7 +297,8 @@ def new_message(
         elif len(value) > limit:
             errors[name] = f"is {len(value)} characters; the limit is {limit}"
 
-    if isinstance(to, str) and to_name is not None:
+    check_text("to_name", to_name, NAME_MAX)
+    if isinstance(to, str) and to_name and "to_name" not in errors:
         to = Address(to, to_name)
     recipients = Recipients(
         to=_addresses("to", to, errors, address_rules, required=True),
@@ -441,18 +442,13 @@ def _addresses(
             address, display = item.get("address"), item.get("name")
         else:
             address, display = item, None
-        if display is not None and (
-            not isinstance(display, str)
-            or (problem := unsafe_text(display)) is not None
-            or len(display) > NAME_MAX
-        ):
-            errors[name] = (
-                f"the name of {address!r} "
-                + (problem if isinstance(display, str) and problem else "is not a valid name")
-                if isinstance(display, str) and len(display) <= NAME_MAX
-                else f"each name is a string of at most {NAME_MAX} characters"
-            )
-            return ()
+        if display is not None:
+            if not isinstance(display, str) or len(display) > NAME_MAX:
+                errors[name] = f"each name is a string of at most {NAME_MAX} characters"
+                return ()
+            if (problem := unsafe_text(display)) is not None:
+                errors[name] = f"the name of {address!r} {problem}"
+                return ()
         normalized = _address(name, address, errors, rules)
         if name in errors:
             return ()
