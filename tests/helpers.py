@@ -121,20 +121,25 @@ def count_rows(db: Any) -> tuple[int, int]:
 
 
 def outgoing_email(i: int = 0, **overrides: Any) -> Any:
-    """A composed email as a provider receives it (built through the real compose path)."""
+    """A composed email as a provider receives it (built through the real compose path).
+
+    `to_email`/`to_name` set the one To recipient (what most tests need); `recipients`
+    (a Recipients) replaces them for an email with several."""
     import uuid
 
     from mailbag.compose import OutgoingEmail, rfc_message_id
+    from mailbag.domain.content import Address, Recipients
 
     message_id = overrides.pop("message_id", uuid.uuid4())
+    to_email = overrides.pop("to_email", f"user{i}@example.com")
+    to_name = overrides.pop("to_name", f"User {i}")
     fields: dict[str, Any] = {
         "message_id": message_id,
         "attempt": 1,
         "tenant_id": "default",
         "from_email": "sender@example.com",
         "from_name": "Sender",
-        "to_email": f"user{i}@example.com",
-        "to_name": f"User {i}",
+        "recipients": Recipients(to=(Address(to_email, to_name),)),
         "subject": f"Hello {i}",
         "html": f"<p>Hello {i}</p>",
         "text": f"Hello {i}",
