@@ -6,18 +6,30 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import func, insert, inspect, select, text, update
 
-from mailbag.store import migrate
+from mailbag.domain.ids import uuid7
+from mailbag.domain.states import Status
+from mailbag.store import dispatch, migrate
+from mailbag.store import messages as message_store
 from mailbag.store.database import make_engine
-from mailbag.store.schema import metadata_for
+from mailbag.store.plan import run
+from mailbag.store.schema import (
+    email_verifications,
+    message_events,
+    metadata_for,
+    outbox_messages,
+    verification_events,
+)
 
 from conftest import _server_database
+from helpers import T0
 
 
 def test_the_migration_and_the_table_definitions_agree(db):
@@ -53,9 +65,11 @@ def test_claim_index_reads_only_claimable_rows(db):
         ]
     else:
         claimable = indexes["ix_outbox_messages_claimable"]
-        assert claimable["column_names"] == ["next_attempt_at", "id"]
+        assert claimable["column_names"] == ["claim_order_at", "id"]
         where = claimable["dialect_options"][f"{db.dialect}_where"]
         assert "pending" in str(where) and "retrying" in str(where)
+        leased = indexes["ix_outbox_messages_leased"]
+        assert "processing" in str(leased["dialect_options"][f"{db.dialect}_where"])
 
 
 def test_migrating_twice_changes_nothing(db):
@@ -102,3 +116,104 @@ def test_parallel_migrations_on_an_empty_database_all_succeed(fresh_url):
         assert migrate.is_current(conn)
         assert conn.execute(text("SELECT COUNT(*) FROM alembic_version")).scalar() == 1
     engine.dispose()
+
+
+def test_upgrading_a_database_with_data_keeps_every_row(fresh_url):
+    # A database at 0005 with a message, its events and a verification (and its event)
+    # goes to HEAD: SQLite rebuilds outbox_messages and email_verifications, and with
+    # foreign keys on the rebuild's DROP would cascade to every event.
+    engine = make_engine(fresh_url, null_pool=True)
+    migrate.upgrade(engine, "0005_key_check")
+    message_id, verification_id = uuid7(), uuid7()
+    old = {
+        "id": message_id,
+        "tenant_id": "default",
+        "idempotency_key": "k-1",
+        "to_address": "ada@example.com",
+        "to_name": "Ada",
+        "from_address": None,
+        "subject": None,
+        "template_name": "welcome",
+        "template_data": {"name": "Ada"},
+        "headers": {"X-Campaign": "spring"},
+        "tags": ["signup"],
+        "metadata": {"verification_id": str(verification_id)},
+        "status": Status.RETRYING.value,
+        "attempt_count": 1,
+        "max_attempts": 5,
+        "next_attempt_at": T0,
+        "created_at": T0 - timedelta(minutes=5),
+        "updated_at": T0 - timedelta(minutes=4),
+        "claim_token": None,
+        "claimed_by": None,
+        "claimed_at": None,
+        "lease_expires_at": None,
+        "provider": "smtp",
+        "provider_message_id": None,
+        "last_error": "421 try later",
+        "sent_at": None,
+        "ambiguous_since": None,
+    }
+    event = {"message_id": message_id, "at": T0, "actor": "api", "attempt": 0}
+    verification = {
+        "id": verification_id,
+        "tenant_id": "default",
+        "email": "ada@example.com",
+        "state": "send_pending",
+        "token_digest": "0" * 64,
+        "expires_at": T0 + timedelta(hours=1),
+        "confirm_attempts": 0,
+        "send_count": 1,
+        "message_id": message_id,
+        "template_name": "verify",
+        "redirect_url": None,
+        "created_at": T0,
+        "updated_at": T0,
+    }
+    with engine.begin() as conn:
+        # Only the columns 0005 has: the INSERT names exactly these.
+        conn.execute(insert(outbox_messages).values(old))
+        conn.execute(
+            insert(message_events),
+            [
+                {**event, "from_status": None, "to_status": "pending"},
+                {**event, "from_status": "pending", "to_status": "processing", "attempt": 1},
+                {**event, "from_status": "processing", "to_status": "retrying", "attempt": 1},
+            ],
+        )
+        conn.execute(insert(email_verifications).values(verification))
+        conn.execute(
+            insert(verification_events).values(
+                verification_id=verification_id, to_state="created", at=T0, actor="api"
+            )
+        )
+
+    migrate.upgrade(engine)
+
+    try:
+        with engine.connect() as conn:
+            assert migrate.is_current(conn)
+            stored = run(conn, message_store.get(message_id))
+            assert stored is not None
+            assert {name: getattr(stored, name) for name in old} == old
+            assert stored.claim_order_at == T0 and stored.priority == 0
+            assert stored.recipients is None and stored.reply_to == () and stored.attachments == ()
+            assert len(run(conn, message_store.events(message_id))) == 3
+            assert conn.execute(select(func.count()).select_from(verification_events)).scalar() == 1
+            assert conn.execute(select(email_verifications.c.state)).scalar() == "send_pending"
+            if conn.dialect.name == "sqlite":
+                assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        with engine.begin() as conn:
+            claimed = run(
+                conn,
+                dispatch.claim(worker_id="w1", now=T0, lease=timedelta(minutes=1), limit=10),
+            )
+            assert [m.id for m in claimed.messages] == [message_id]
+            # The new terminal state passes the rebuilt CHECK constraint.
+            conn.execute(
+                update(outbox_messages)
+                .where(outbox_messages.c.id == message_id)
+                .values(status=Status.EXPIRED.value)
+            )
+    finally:
+        engine.dispose()

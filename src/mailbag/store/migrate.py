@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest migration's revision: bump it with every new file in migrations/versions
 # (tests/test_migrations.py fails until it matches Alembic's head).
-HEAD = "0005_key_check"
+HEAD = "0006_content"
 VERSION_TABLE = "alembic_version"
 
 
@@ -55,14 +55,38 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     with engine.connect() as connection:
         if dialect == "mysql":
             _mysql_lock(connection)
+        if dialect == "sqlite":
+            _sqlite_foreign_keys(connection, on=False)
         try:
             with connection.begin():
                 if dialect == "postgresql":
                     connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": LOCK_ID})
                 command.upgrade(alembic_config(connection), revision)
+                if dialect == "sqlite":
+                    _sqlite_check_foreign_keys(connection)
         finally:
             if dialect == "mysql":
                 _mysql_unlock(connection)
+            if dialect == "sqlite":
+                _sqlite_foreign_keys(connection, on=True)
+
+
+def _sqlite_foreign_keys(connection: Connection, *, on: bool) -> None:
+    """Foreign keys off while migrating: SQLite changes a column or a CHECK by rebuilding
+    the table, and dropping the old outbox_messages would otherwise delete every event
+    (ON DELETE CASCADE). The PRAGMA is ignored inside a transaction, so it goes to the
+    driver's connection before SQLAlchemy begins one (and after it ends)."""
+    dbapi = connection.connection.dbapi_connection
+    assert dbapi is not None
+    dbapi.execute(f"PRAGMA foreign_keys = {'ON' if on else 'OFF'}")
+
+
+def _sqlite_check_foreign_keys(connection: Connection) -> None:
+    """With the keys off, nothing stopped a migration from leaving a dangling reference:
+    refuse to commit one."""
+    dangling = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+    if dangling:
+        raise RuntimeError(f"the migration left rows with dangling foreign keys: {dangling[:5]}")
 
 
 def _mysql_lock_name(connection: Connection) -> str:
