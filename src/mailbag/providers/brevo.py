@@ -12,20 +12,50 @@ answers such a repeat with a `duplicate_parameter` error rather than the first m
 that answer says "I already have a request with this key" but not what became of it, so it
 is classified Ambiguous (unkeyed: repeating it cannot tell more) and left to reconciliation.
 A batch call carries no per-email key, so its ambiguous outcomes are never resent.
+
+What a message carries, field by field: `sender`, `to`, `cc`, `bcc` (Brevo puts Bcc in the
+envelope only), `replyTo`, `subject`, `htmlContent`, `textContent`, `headers` (the caller's,
+List-Unsubscribe and List-Unsubscribe-Post, ours) and `attachment` (base64 `content` and
+`name`). What Brevo's API (v3, `sendSmtpEmail`) cannot carry is refused, never dropped
+(`kit.unsupported_feature`, so the send is Rejected with the reason):
+
+- Several Reply-To addresses: `replyTo` is one object, and `headers` is documented for
+  custom headers, "not the standard headers".
+- An attachment whose name has an extension outside Brevo's documented list
+  (`ATTACHMENT_EXTENSIONS`): Brevo would refuse the whole request.
+
+Inline images: the API documents no Content-ID, disposition or content type for an
+attachment (Brevo told django-anymail its v3 API has no inline images). The one link its
+fields can express is the name, so an inline image goes as an attachment *named after its
+`cid:` reference*, and the HTML refers to that name (`cid:logo` becomes `cid:logo.png` when
+the content id has no file extension Brevo accepts). Whether Brevo then embeds it is
+Brevo's undocumented behaviour; at worst the image arrives as an ordinary attachment, bytes
+intact.
+
+Batches (`messageVersions`): a version carries only `to`, `cc`, `bcc`, `replyTo`,
+`subject`, `htmlContent`, `textContent` and `params`; sender, headers, tags and
+attachments are the call's. So a message goes into a batch only when it has none of its
+own attachments, Cc, Bcc or Reply-To (`batchable`; cc/bcc/replyTo could ride in a version,
+but such messages are few and a single send carries their idempotency key and Message-Id),
+and only with messages sharing everything else (`_batch_group`). Every other message is
+sent by itself, by the single call, inside the same `send_batch`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import mimetypes
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 
 from mailbag.compose import MESSAGE_ID_HEADER, OutgoingEmail, message_id_from_rfc
+from mailbag.domain.content import CID_REFERENCE, Address, Attachment
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
 from mailbag.domain.message import Message, ascii_address
 from mailbag.providers import register
@@ -38,6 +68,7 @@ from mailbag.providers.kit import (
     first_match,
     retry_after,
     scrub,
+    unsupported_feature,
 )
 
 if TYPE_CHECKING:
@@ -46,6 +77,19 @@ if TYPE_CHECKING:
 SEND_PATH: Final = "/v3/smtp/email"
 LIST_PATH: Final = "/v3/smtp/emails"
 MAX_VERSIONS_PER_CALL: Final = 1000
+# Brevo's limits on recipients (To, Cc and Bcc): per message version, and per request.
+MAX_RECIPIENTS_PER_VERSION: Final = 99
+MAX_RECIPIENTS_PER_CALL: Final = 2000
+# The attachment file extensions `sendSmtpEmail.attachment` documents; any other is refused.
+# fmt: off
+ATTACHMENT_EXTENSIONS: Final = frozenset({
+    "xlsx", "xls", "ods", "docx", "docm", "doc", "csv", "pdf", "txt", "gif", "jpg", "jpeg",
+    "png", "tif", "tiff", "rtf", "bmp", "cgm", "css", "shtml", "html", "htm", "zip", "xml",
+    "ppt", "pptx", "tar", "ez", "ics", "mobi", "msg", "pub", "eps", "odt", "mp3", "m4a",
+    "m4v", "wma", "ogg", "flac", "wav", "aif", "aifc", "aiff", "mp4", "mov", "avi", "mkv",
+    "mpeg", "mpg", "wmv", "pkpass", "xlsm",
+})
+# fmt: on
 # Brevo remembers an idempotencyKey for 30 minutes.
 IDEMPOTENCY_WINDOW: Final = timedelta(minutes=30)
 # Brevo requires idempotencyKey to be a UUID; ours is not one, so we send its UUIDv5 under
@@ -58,9 +102,6 @@ RETRY_AFTER_HEADERS: Final = ("x-sib-ratelimit-reset", "retry-after")
 DUPLICATE_KEY_CODES: Final = frozenset({"duplicate_parameter", "duplicate_request"})
 LOOKUP_PAGE_SIZE: Final = 1000
 LOOKUP_MAX_PAGES: Final = 50
-
-T = TypeVar("T")
-
 
 RESPONSE_TABLE: Final[OutcomeTable] = (
     # The first row whose status matches wins; a status in no row is Ambiguous.
@@ -117,23 +158,123 @@ def _address(address: str, name: str | None) -> dict[str, str]:
     return {"email": email, "name": name} if name else {"email": email}
 
 
+def _addresses(addresses: Sequence[Address]) -> list[dict[str, str]]:
+    return [_address(a.address, a.name) for a in addresses]
+
+
+def _recipient_fields(email: OutgoingEmail) -> dict[str, Any]:
+    """`to`, and `cc`, `bcc`, `replyTo` when the email has them: the same keys in a single
+    send and in a message version."""
+    fields: dict[str, Any] = {"to": _addresses(email.recipients.to)}
+    if email.recipients.cc:
+        fields["cc"] = _addresses(email.recipients.cc)
+    if email.recipients.bcc:  # Brevo's own field: envelope only, never a header
+        fields["bcc"] = _addresses(email.recipients.bcc)
+    if len(email.reply_to) > 1:
+        unsupported_feature(
+            "brevo",
+            f"{len(email.reply_to)} Reply-To addresses (its replyTo takes one, and its "
+            "headers take no standard header)",
+        )
+    if email.reply_to:
+        fields["replyTo"] = _address(email.reply_to[0].address, email.reply_to[0].name)
+    return fields
+
+
+def _body_fields(html: str, text: str) -> dict[str, str]:
+    """`htmlContent` and `textContent`, each only when there is one (a ready-made email may
+    have text alone)."""
+    fields = {"htmlContent": html} if html else {}
+    if text:
+        fields["textContent"] = text
+    return fields
+
+
+def _headers(email: OutgoingEmail, ours: Mapping[str, str]) -> dict[str, str]:
+    """The caller's headers, then List-Unsubscribe(-Post), then `ours`: each later one
+    replaces an earlier one of the same name in any case (Brevo recases header names)."""
+    headers: dict[str, str] = {}
+    for layer in (email.headers, email.list_unsubscribe, ours):
+        names = {name.lower() for name in layer}
+        headers = {k: v for k, v in headers.items() if k.lower() not in names}
+        headers.update(layer)
+    return headers
+
+
+def _extension(name: str) -> str | None:
+    """The file extension Brevo would see (lower case), if it is one it accepts."""
+    _, dot, extension = name.rpartition(".")
+    return extension.lower() if dot and extension.lower() in ATTACHMENT_EXTENSIONS else None
+
+
+def attachment_name(attachment: Attachment) -> str:
+    """The `name` an attachment goes under. An ordinary one: its filename. An inline image:
+    its content id, with the filename's (or its type's) extension added when the content
+    id has no extension Brevo accepts, so the HTML's `cid:` reference can name it."""
+    if attachment.content_id is None:
+        if _extension(attachment.filename) is None:
+            unsupported_feature(
+                "brevo",
+                f"an attachment named {attachment.filename!r} (its API takes only the file "
+                "extensions it documents: pdf, png, jpg, docx, xlsx, csv, txt, zip, ics, ...)",
+            )
+        return attachment.filename
+    if _extension(attachment.content_id):
+        return attachment.content_id
+    extension = _extension(attachment.filename) or _extension(
+        mimetypes.guess_extension(attachment.content_type) or ""
+    )
+    if extension is None:
+        unsupported_feature(
+            "brevo", f"an inline {attachment.content_type} ({attachment.filename!r})"
+        )
+    return f"{attachment.content_id}.{extension}"
+
+
+def attachment_fields(email: OutgoingEmail) -> tuple[str, list[dict[str, str]]]:
+    """The HTML to send and the `attachment` list: base64 content and name for each, in
+    order, inline images named as `attachment_name` says and the HTML's `cid:` references
+    to them renamed to match."""
+    html = email.html
+    parts: list[dict[str, str]] = []
+    inline_names: dict[str, str] = {}  # content id -> the attachment name it goes under
+    for attachment in email.attachments:
+        name = attachment_name(attachment)
+        content = base64.b64encode(attachment.content).decode("ascii")
+        parts.append({"content": content, "name": name})
+        if attachment.content_id is not None:
+            inline_names[attachment.content_id] = name
+    names = [part["name"] for part in parts]
+    for name in inline_names.values():
+        if names.count(name) > 1:  # the reference would not tell which one it means
+            unsupported_feature("brevo", f"an inline image and another attachment named {name!r}")
+    renamed = {cid: name for cid, name in inline_names.items() if cid != name}
+    if renamed:
+        html = CID_REFERENCE.sub(
+            lambda ref: f"cid:{renamed[ref[1]]}" if ref[1] in renamed else ref[0], html
+        )
+    return html, parts
+
+
 def single_payload(email: OutgoingEmail) -> dict[str, Any]:
     """The body of a one-email send, carrying this email's ids and idempotency key."""
+    html, attachments = attachment_fields(email)
     payload: dict[str, Any] = {
         "sender": _address(email.from_email, email.from_name),
-        "to": [_address(email.to_email, email.to_name)],
+        **_recipient_fields(email),
         "subject": email.subject,
-        "htmlContent": email.html,
+        **_body_fields(html, email.text),
     }
-    if email.text:
-        payload["textContent"] = email.text
-    payload["headers"] = {
-        **email.headers,
-        # Ours last, so a caller's header of the same name cannot replace them.
-        MESSAGE_ID_HEADER: str(email.message_id),
-        "Message-Id": email.rfc_message_id,
-        "idempotencyKey": brevo_idempotency_key(email),
-    }
+    if attachments:
+        payload["attachment"] = attachments
+    payload["headers"] = _headers(
+        email,
+        {
+            MESSAGE_ID_HEADER: str(email.message_id),
+            "Message-Id": email.rfc_message_id,
+            "idempotencyKey": brevo_idempotency_key(email),
+        },
+    )
     # A tag naming our message lets reconciliation find this send in Brevo's records.
     payload["tags"] = [*email.tags, lookup_tag(email.message_id)]
     return payload
@@ -143,8 +284,21 @@ def lookup_tag(message_id: uuid.UUID) -> str:
     return f"mailbag-{message_id}"
 
 
+def batchable(email: OutgoingEmail) -> bool:
+    """Whether the email may go as one message version (see the module doc); any other is
+    sent by itself."""
+    return (
+        not email.attachments
+        and not email.recipients.cc
+        and not email.recipients.bcc
+        and not email.reply_to
+        and len(email.recipients.to) <= MAX_RECIPIENTS_PER_VERSION
+    )
+
+
 def batch_payload(emails: Sequence[OutgoingEmail]) -> dict[str, Any]:
-    """One call for emails that share sender, tags and custom headers (see `_batch_group`).
+    """One call for batchable emails that share sender, tags, headers and which bodies they
+    have (see `_batch_group`).
 
     Brevo's message versions carry only recipients, subject and bodies: no headers and no
     tags. So the per-email Message-Id, X-Mailbag-Message-ID and idempotency key cannot
@@ -152,44 +306,62 @@ def batch_payload(emails: Sequence[OutgoingEmail]) -> dict[str, Any]:
     Brevo's record.
     """
     first = emails[0]
-    versions: list[dict[str, Any]] = []
-    for email in emails:
-        version: dict[str, Any] = {
-            "to": [_address(email.to_email, email.to_name)],
+    versions = [
+        {
+            **_recipient_fields(email),
             "subject": email.subject,
-            "htmlContent": email.html,
+            **_body_fields(email.html, email.text),
         }
-        if email.text:
-            version["textContent"] = email.text
-        versions.append(version)
-    # Brevo wants a top-level subject and body when no template is used; every version
-    # overrides them, so the first email's serve.
+        for email in emails
+    ]
+    # Brevo wants a top-level subject and body when no template is used, and lets a
+    # version override a body only of a kind present at the top. Every version carries its
+    # own, so the first email's serve; a version never inherits another email's body,
+    # because emails share a call only when they have the same kinds of body.
     payload: dict[str, Any] = {
         "sender": _address(first.from_email, first.from_name),
         "subject": first.subject,
-        "htmlContent": first.html,
+        **(_body_fields(first.html, "") or _body_fields("", first.text)),
         "messageVersions": versions,
     }
-    if first.headers:
-        payload["headers"] = dict(first.headers)
+    headers = _headers(first, {})
+    if headers:
+        payload["headers"] = headers
     if first.tags:
         payload["tags"] = list(first.tags)
     return payload
 
 
 def _batch_group(email: OutgoingEmail) -> tuple[Any, ...]:
-    """What must be equal for emails to share one call: all that is not per version."""
+    """What must be equal for batchable emails to share one call: all that is not per
+    version, and which bodies they have (see `batch_payload`)."""
     return (
         email.from_email,
         email.from_name,
         tuple(email.tags),
         tuple(sorted(email.headers.items())),
+        tuple(sorted(email.list_unsubscribe.items())),
+        bool(email.html),
+        bool(email.text),
     )
 
 
-def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+def _calls(emails: Sequence[OutgoingEmail], indexes: Sequence[int]) -> Iterator[list[int]]:
+    """`indexes` (one batch group) cut into calls within Brevo's limits: at most 1000
+    versions and 2000 recipients a call."""
+    call: list[int] = []
+    recipients = 0
+    for index in indexes:
+        count = len(emails[index].recipients.to)
+        if call and (
+            len(call) == MAX_VERSIONS_PER_CALL or recipients + count > MAX_RECIPIENTS_PER_CALL
+        ):
+            yield call
+            call, recipients = [], 0
+        call.append(index)
+        recipients += count
+    if call:
+        yield call
 
 
 @dataclass(frozen=True)
@@ -257,18 +429,17 @@ class BrevoProvider:
         return self._outcomes(answer, count=1, keyed=True)[0]
 
     async def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[SendOutcome]:
-        """One outcome per email, in order. Emails are grouped by what a call shares and each
-        group is sent in calls of at most 1000 versions, the calls concurrently."""
+        """One outcome per email, in order. Batchable emails are grouped by what a call
+        shares and each group is sent in calls within Brevo's limits; every other email is
+        sent by itself (keyed). The calls run concurrently."""
         if self._api_key is None:
             return [Disabled("BREVO_API_KEY is not set")] * len(emails)
         groups: dict[tuple[Any, ...], list[int]] = {}
         for index, email in enumerate(emails):
-            groups.setdefault(_batch_group(email), []).append(index)
-        calls = [
-            chunk
-            for indexes in groups.values()
-            for chunk in _chunks(indexes, MAX_VERSIONS_PER_CALL)
-        ]
+            # A message a version cannot carry is a group of its own: a single send.
+            key = _batch_group(email) if batchable(email) else ("alone", index)
+            groups.setdefault(key, []).append(index)
+        calls = [call for indexes in groups.values() for call in _calls(emails, indexes)]
         results = await asyncio.gather(
             *(self._send_call([emails[i] for i in chunk]) for chunk in calls)
         )
