@@ -8,9 +8,12 @@ error paths. What it implements of Brevo:
   against Brevo's published schema for `sendSmtpEmail` (written out below: types, required
   fields, `format: email` -- ASCII, so a Unicode IDN domain fails as at Brevo) and the
   rules its descriptions state (single: a non-empty `to`; batch: 1..1000
-  `messageVersions`, no outer `to`, at most 99 recipients a version and 2000 a request);
-  else 400 `invalid_parameter`; 201 `{"messageId"}` or `{"messageIds": [...]}` in version
-  order.
+  `messageVersions`, no outer `to`, at most 99 recipients (To, Cc, Bcc) a version and 2000
+  a request; names at most 70 characters; an attachment has `url` or base64 `content`, a
+  `name` with its content, and a documented file extension); else 400 `invalid_parameter`;
+  201 `{"messageId"}` or `{"messageIds": [...]}` in version order. What it took is kept as
+  `Delivery` records (a version's own `cc`/`bcc`/`replyTo` replace the call's, as Brevo
+  documents), attachments decoded; every request's JSON body is kept as it came.
 - idempotency: a `headers.idempotencyKey` (a UUID) seen within the window is not delivered
   again. Brevo documents answering such a repeat with 400 `duplicate_parameter`; that is
   the default here (`duplicate_key="reject"`); `duplicate_key="replay"` answers 201 with
@@ -31,6 +34,8 @@ answering; `reject_recipient` makes any request naming that address fail with 40
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
 import itertools
 import json
@@ -81,6 +86,15 @@ class RecordedRequest:
 
 
 @dataclass(frozen=True)
+class ReceivedAttachment:
+    """One attachment as Brevo took it: its name and its decoded bytes (None: by `url`)."""
+
+    name: str
+    content: bytes | None
+    url: str | None = None
+
+
+@dataclass(frozen=True)
 class Delivery:
     """One email Brevo took: a single send, or one version of a batch."""
 
@@ -95,10 +109,25 @@ class Delivery:
     tags: list[str]
     idempotency_key: str | None
     accepted_at: datetime
+    cc: list[dict[str, Any]] = field(default_factory=list)
+    bcc: list[dict[str, Any]] = field(default_factory=list)
+    reply_to: dict[str, Any] | None = None
+    attachments: list[ReceivedAttachment] = field(default_factory=list)
 
     @property
     def to_emails(self) -> list[str]:
         return [recipient["email"] for recipient in self.to]
+
+    @property
+    def recipient_emails(self) -> list[str]:
+        """Everyone it went to: To, Cc and Bcc."""
+        return [recipient["email"] for recipient in (*self.to, *self.cc, *self.bcc)]
+
+    def attachment(self, name: str) -> bytes:
+        """The bytes of the one attachment called `name` (AssertionError if not exactly one)."""
+        found = [a.content for a in self.attachments if a.name == name]
+        assert len(found) == 1 and found[0] is not None, (name, self.attachments)
+        return found[0]
 
     def listed(self, recipient: str) -> dict[str, Any]:
         """How `GET /v3/smtp/emails` shows it, for one recipient."""
@@ -327,7 +356,7 @@ class BrevoServer:
     def _send(self, body: Json) -> _Reply:
         versions = _validate_send(body)
         for version in versions:
-            for recipient in version["to"]:
+            for recipient in _recipients_of(body, version):
                 reason = self._rejected_recipients.get(recipient["email"].lower())
                 if reason is not None:
                     raise _InvalidRequest(reason)
@@ -366,6 +395,21 @@ class BrevoServer:
                 tags=list(body.get("tags") or []),
                 idempotency_key=key,
                 accepted_at=now,
+                cc=[dict(recipient) for recipient in _field(body, version, "cc") or []],
+                bcc=[dict(recipient) for recipient in _field(body, version, "bcc") or []],
+                reply_to=_field(body, version, "replyTo"),
+                attachments=[
+                    ReceivedAttachment(
+                        name=attachment.get("name") or attachment.get("url", ""),
+                        content=(
+                            base64.b64decode(attachment["content"])
+                            if "content" in attachment
+                            else None
+                        ),
+                        url=attachment.get("url"),
+                    )
+                    for attachment in body.get("attachment") or []
+                ],
             )
         )
         return message_id
@@ -383,7 +427,7 @@ class BrevoServer:
         records = [
             delivery.listed(recipient)
             for delivery in self._deliveries
-            for recipient in delivery.to_emails
+            for recipient in delivery.recipient_emails
             if (message_id is None or delivery.message_id == message_id)
             and (address is None or recipient.lower() == address.lower())
         ]
@@ -463,6 +507,20 @@ def _ids_body(body: dict[str, Any], ids: list[str]) -> dict[str, Any]:
     return {"messageIds": ids} if "messageVersions" in body else {"messageId": ids[0]}
 
 
+def _field(body: dict[str, Any], version: dict[str, Any], name: str) -> Any:
+    """A version's own `cc`, `bcc` or `replyTo`, else the call's (Brevo: "global
+    parameters such as to, bcc, cc, replyTo, subject can be customized" per version)."""
+    return version[name] if name in version else body.get(name)
+
+
+def _recipients_of(body: dict[str, Any], version: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        *version["to"],
+        *(_field(body, version, "cc") or []),
+        *(_field(body, version, "bcc") or []),
+    ]
+
+
 def _code_for(status: int) -> str:
     return {
         400: "invalid_parameter",
@@ -486,15 +544,16 @@ def _code_for(status: int) -> str:
 # Stricter than Brevo on purpose: an unknown field is refused (Brevo ignores it), so a
 # typo in the provider shows up here.
 
+_NAME = {"type": "string", "maxLength": 70}  # "Maximum allowed characters are 70"
 _ADDRESS = {
     "type": "object",
     "required": ["email"],
-    "properties": {"email": {"type": "string", "format": "email"}, "name": {"type": "string"}},
+    "properties": {"email": {"type": "string", "format": "email"}, "name": _NAME},
 }
 _SENDER = {
     "type": "object",
     "properties": {
-        "name": {"type": "string"},
+        "name": _NAME,
         "email": {"type": "string", "format": "email"},
         "id": {"type": "integer"},
     },
@@ -502,11 +561,23 @@ _SENDER = {
 _ATTACHMENT = {
     "type": "object",
     "properties": {
-        "url": {"type": "string"},
-        "content": {"type": "string"},
+        "url": {"type": "string", "format": "url"},
+        "content": {"type": "string", "format": "byte"},  # base64, see _BASE64
         "name": {"type": "string"},
     },
 }
+# sendSmtpEmail_attachment.content's `pattern`: standard base64, padded, no line breaks.
+_BASE64 = re.compile(r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")
+# "Allowed extensions for attachment file" (sendSmtpEmail.attachment).
+# fmt: off
+ATTACHMENT_EXTENSIONS = frozenset({
+    "xlsx", "xls", "ods", "docx", "docm", "doc", "csv", "pdf", "txt", "gif", "jpg", "jpeg",
+    "png", "tif", "tiff", "rtf", "bmp", "cgm", "css", "shtml", "html", "htm", "zip", "xml",
+    "ppt", "pptx", "tar", "ez", "ics", "mobi", "msg", "pub", "eps", "odt", "mp3", "m4a",
+    "m4v", "wma", "ogg", "flac", "wav", "aif", "aifc", "aiff", "mp4", "mov", "avi", "mkv",
+    "mpeg", "mpg", "wmv", "pkpass", "xlsm",
+})
+# fmt: on
 SEND_SMTP_EMAIL_VERSION: dict[str, Any] = {
     "type": "object",
     "required": ["to"],
@@ -566,6 +637,19 @@ def _check(given: Json, schema: dict[str, Any], where: str) -> None:
     is_email = expected == "string" and schema.get("format") == "email"
     if is_email and (len(value) > 254 or not _EMAIL.fullmatch(value)):
         raise _InvalidRequest(f"email is not valid in {where}")
+    if expected == "string" and len(value) > schema.get("maxLength", len(value)):
+        raise _InvalidRequest(f"{where} is longer than {schema['maxLength']} characters")
+    if expected == "string" and schema.get("format") == "byte":
+        try:
+            valid = bool(_BASE64.fullmatch(value)) and base64.b64decode(value, validate=True)
+        except binascii.Error:
+            valid = False
+        if value and not valid:
+            raise _InvalidRequest(f"{where} is not valid base64")
+    if expected == "string" and schema.get("format") == "url":
+        parts = urlsplit(value)
+        if parts.scheme not in {"http", "https"} or not parts.netloc:
+            raise _InvalidRequest(f"{where} must be an absolute URL")
     if expected == "string" and schema.get("format") == "date-time":
         try:
             datetime.fromisoformat(value)
@@ -610,6 +694,9 @@ def _validate_send(body: Json) -> list[dict[str, Any]]:
         except ValueError:
             raise _InvalidRequest("idempotencyKey must be a valid UUID") from None
 
+    for number, attachment in enumerate(body.get("attachment", [])):
+        _validate_attachment(attachment, f"attachment[{number}]")
+
     if "messageVersions" not in body:
         _validate_recipients(body.get("to"), "to")
         return [{"to": body["to"]}]
@@ -621,9 +708,10 @@ def _validate_send(body: Json) -> list[dict[str, Any]]:
     total = 0
     for number, version in enumerate(versions):
         _validate_recipients(version.get("to"), f"messageVersions[{number}].to")
-        if len(version["to"]) > MAX_RECIPIENTS_PER_VERSION:
-            raise _InvalidRequest(f"messageVersions[{number}].to: at most 99 recipients")
-        total += len(version["to"])
+        count = len(_recipients_of(body, version))
+        if count > MAX_RECIPIENTS_PER_VERSION:
+            raise _InvalidRequest(f"messageVersions[{number}]: at most 99 recipients")
+        total += count
     if total > MAX_RECIPIENTS_PER_CALL:
         raise _InvalidRequest(f"at most {MAX_RECIPIENTS_PER_CALL} recipients per request")
     return versions
@@ -632,3 +720,16 @@ def _validate_send(body: Json) -> list[dict[str, Any]]:
 def _validate_recipients(recipients: Json, where: str) -> None:
     if not isinstance(recipients, list) or not recipients:
         raise _InvalidRequest(f"{where} is missing or empty", "missing_parameter")
+
+
+def _validate_attachment(attachment: dict[str, Any], where: str) -> None:
+    """An attachment comes by `url` or base64 `content`; with content, a `name` is
+    mandatory; either way the file's extension must be one Brevo allows."""
+    if "content" not in attachment and "url" not in attachment:
+        raise _InvalidRequest(f"{where}: url or content is required", "missing_parameter")
+    if "content" in attachment and not attachment.get("name"):
+        raise _InvalidRequest(f"{where}.name is required with content", "missing_parameter")
+    name = attachment.get("name") or urlsplit(attachment["url"]).path
+    _, dot, extension = name.rpartition(".")
+    if not dot or extension.lower() not in ATTACHMENT_EXTENSIONS:
+        raise _InvalidRequest(f"{where}: the file extension of {name!r} is not allowed")
