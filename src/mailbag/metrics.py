@@ -22,6 +22,7 @@ OUTCOME_COUNTERS = {
         ("dead", "dead", "Messages whose attempt budget ran out."),
         ("unknown", "unknown", "Sends whose outcome is unknown (never resent)."),
         ("retrying", "retried", "Attempts that will be retried."),
+        ("expired", "messages_expired", "Messages whose expires_at passed before they were sent."),
     )
 }
 SENT = OUTCOME_COUNTERS["sent"]
@@ -103,3 +104,11 @@ def configure(*, tenant_labels: bool) -> None:
 
 def tenant_label(tenant_id: str) -> str:
     return tenant_id if _tenant_labels else ALL_TENANTS
+
+
+READY_MADE = "(ready-made)"  # the template label of a message that brought its own content
+
+
+def template_label(template_name: str | None) -> str:
+    """The `template` label of a message's series: its template, or READY_MADE."""
+    return READY_MADE if template_name is None else template_name

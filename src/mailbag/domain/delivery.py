@@ -149,3 +149,14 @@ def decide(
     if outcome.retry_after is not None:
         delay = max(delay, outcome.retry_after)
     return Decision(Action.RETRY, error=outcome.error, next_attempt_at=now + delay)
+
+
+def lapse(expires_at: datetime | None, now: datetime) -> Decision | None:
+    """A claimed message whose expires_at has come is not sent any more (it would arrive
+    too late): it becomes `expired`, without a provider call. None: it has not lapsed."""
+    if expires_at is None or expires_at > now:
+        return None
+    return Decision(
+        Action.LAPSE,
+        error=f"expired before it could be sent (expires_at {expires_at.isoformat()})",
+    )

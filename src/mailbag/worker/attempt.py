@@ -3,7 +3,10 @@
 No database and no worker state: what happens is told to a `Progress` as it happens, so
 the caller keeps its own books (tests pass a recorder and the in-memory provider).
 
+- A message whose expires_at has come is decided `lapse` (-> expired) at once: never
+  composed, never sent.
 - A message whose template does not render is decided `Rejected` at once; it never leaves.
+- Attachments are composed from `contents`, their bytes by SHA-256, read with the claim.
 - Just before the send, `progress.start` may refuse (the worker is stopping): the chunk is
   handed back unsent as `Disabled`, no attempt spent.
 - A provider that raises (a bug in it) may have sent: `Ambiguous`, never keyed, so it is
@@ -20,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,6 +39,7 @@ from mailbag.domain.delivery import (
     Rejected,
     SendOutcome,
     decide,
+    lapse,
 )
 from mailbag.domain.message import Message
 from mailbag.providers.base import Provider
@@ -48,8 +52,12 @@ class Progress(Protocol):
     def start(self, messages: Sequence[Message]) -> bool:
         """These are about to be sent: may they go? (False hands them back unsent.)"""
 
-    def decided(self, message: Message, outcome: SendOutcome, decision: Decision) -> None:
-        """What the provider answered for `message`, and what follows from it."""
+    def decided(self, message: Message, outcome: SendOutcome | None, decision: Decision) -> None:
+        """What the provider answered for `message` (None: it was not asked, the message
+        lapsed), and what follows from it."""
+
+
+NO_CONTENTS: Mapping[str, bytes] = {}
 
 
 def chunks(messages: Sequence[Message], max_batch_size: int) -> list[Sequence[Message]]:
@@ -68,12 +76,26 @@ class Sender:
     rng: random.Random
     log: Any
 
-    async def attempt(self, chunk: Sequence[Message], progress: Progress) -> None:
+    async def attempt(
+        self,
+        chunk: Sequence[Message],
+        progress: Progress,
+        contents: Mapping[str, bytes] = NO_CONTENTS,
+    ) -> None:
+        """Send `chunk`; `contents` holds its attachments' bytes by SHA-256."""
         now = self.clock()
         config = self.config
         messages: list[Message] = []
         emails: list[OutgoingEmail] = []
         for message in chunk:
+            lapsed = lapse(message.expires_at, now)
+            if lapsed is not None:
+                progress.decided(message, None, lapsed)
+                continue
+            missing = [a.filename for a in message.attachments if a.sha256 not in contents]
+            if missing:  # the store keeps every referenced attachment: a bug, never a resend
+                self._decided(progress, message, Rejected(f"attachment {missing[0]!r} is missing"))
+                continue
             try:
                 email = compose(
                     message,
@@ -83,6 +105,7 @@ class Sender:
                     message_id_domain=config.message_id_domain,
                     now=now,
                     secrets=config.tokens.secrets_for if config.tokens else None,
+                    contents=contents,
                 )
             except TemplateError as exc:
                 self._decided(progress, message, Rejected(str(exc)))

@@ -3,6 +3,9 @@ claims, decisions and results, never SQL, plans or connections.
 
 - Each call is one short transaction, bounded by the database timeout: a database that
   does not answer in time is `DatabaseTimeout` (an OSError, one of `DB_ERRORS`).
+- A claim reads its messages' attachment bytes in the same transaction (one query, none
+  when no claimed message has attachments): a claim whose bytes could not be read is
+  rolled back, never left held by nobody.
 - A finalize writes every decision of a batch in one transaction, each claim's under its
   own token (the store moves the verifications that follow their email in it too).
 - A finalize given up on after its COMMIT left is retried by the writer: the retry finds
@@ -16,6 +19,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -32,10 +36,17 @@ from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase
 from mailbag.worker.ledger import Decided
 
-__all__ = ["Finalized", "WorkerDatabase", "Written"]
+__all__ = ["Claimed", "Finalized", "WorkerDatabase", "Written"]
 T = TypeVar("T")
 
 Written = list[tuple[list[Decided], Finalized]]  # each claim's decisions, and what became of them
+
+
+@dataclass(frozen=True)
+class Claimed:
+    token: uuid.UUID
+    messages: list[Message]
+    contents: Mapping[str, bytes]  # the claimed messages' attachment bytes, by SHA-256
 
 
 class WorkerDatabase:
@@ -53,11 +64,20 @@ class WorkerDatabase:
         self.worker_id, self.provider = worker_id, provider
         self.lease, self.timeout, self.clock = lease, timeout, clock
 
-    async def claim(self, limit: int) -> Claim:
-        plan = dispatch.claim(
-            worker_id=self.worker_id, now=self.clock(), lease=self.lease, limit=limit
+    async def claim(self, limit: int) -> Claimed:
+        return await self._run(self._claim(limit, self.clock()))
+
+    def _claim(self, limit: int, now: datetime) -> Plan[Claimed]:
+        claim: Claim = yield from dispatch.claim(
+            worker_id=self.worker_id, now=now, lease=self.lease, limit=limit
         )
-        return await self._run(plan)
+        sha256s = {ref.sha256 for message in claim.messages for ref in message.attachments}
+        if not sha256s:  # the usual case: not one more statement
+            return Claimed(claim.token, claim.messages, {})
+        from mailbag.store import attachments  # TODO(worker): top-level once store lands it
+
+        contents = yield from attachments.contents(sha256s)
+        return Claimed(claim.token, claim.messages, contents)
 
     async def finalize(self, batch: Sequence[Decided]) -> Written:
         """Write a batch of decisions; each claim's items with what the store made of them."""

@@ -13,7 +13,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -25,7 +25,7 @@ from mailbag.domain.states import Action
 from mailbag.providers.base import Provider
 from mailbag.providers.kit import describe
 from mailbag.templates import Catalog
-from mailbag.worker.attempt import Sender, chunks
+from mailbag.worker.attempt import NO_CONTENTS, Sender, chunks
 from mailbag.worker.config import PeriodicJob, WorkerConfig
 from mailbag.worker.database import WorkerDatabase, Written
 from mailbag.worker.failures import DB_ERRORS, Backoff
@@ -166,7 +166,7 @@ class Worker:
             return False
         if claim.messages:
             self.report.stats["claimed"] += len(claim.messages)
-            self._dispatch(claim.token, claim.messages)
+            self._dispatch(claim.token, claim.messages, claim.contents)
         return len(claim.messages) == limit
 
     async def _maybe_sweep(self) -> None:
@@ -200,10 +200,15 @@ class Worker:
             for waiter in waiters:
                 waiter.cancel()
 
-    def _dispatch(self, token: uuid.UUID, messages: Sequence[Message]) -> None:
+    def _dispatch(
+        self,
+        token: uuid.UUID,
+        messages: Sequence[Message],
+        contents: Mapping[str, bytes] = NO_CONTENTS,
+    ) -> None:
         self.ledger.claimed(token, messages)
         for chunk in chunks(messages, self.provider.max_batch_size):
-            task = asyncio.create_task(self.sender.attempt(chunk, self))
+            task = asyncio.create_task(self.sender.attempt(chunk, self, contents))
             self.send_tasks.add(task)
             task.add_done_callback(self.send_tasks.discard)
 
@@ -215,7 +220,7 @@ class Worker:
         self.ledger.sending(messages)
         return True
 
-    def decided(self, message: Message, outcome: SendOutcome, decision: Decision) -> None:
+    def decided(self, message: Message, outcome: SendOutcome | None, decision: Decision) -> None:
         if isinstance(outcome, Disabled) and not self.stopping:
             delay = self.disabled_backoff.next()
             self.paused_until = max(self.paused_until, time.monotonic() + delay)

@@ -62,7 +62,8 @@ class Report:
         for changed in result.changed:
             counter = metrics.OUTCOME_COUNTERS.get(changed.message.status)
             if counter is not None:
-                counter.labels(self.provider, changed.message.template_name).inc()
+                template = metrics.template_label(changed.message.template_name)
+                counter.labels(self.provider, template).inc()
             if not per_message_lines:
                 continue
             self.log.info(
