@@ -1,9 +1,11 @@
 """The worker's parts on their own, with no database: the ledger, one send attempt (against
-the memory provider), the outcome writer, the lease keeper and the side-task supervisor."""
+the memory provider), the report, the outcome writer, the lease keeper and the side-task
+supervisor."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import uuid
 from collections.abc import Sequence
@@ -11,7 +13,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
+from mailbag.domain.content import Attachment, AttachmentRef
 from mailbag.domain.delivery import (
     Accepted,
     Ambiguous,
@@ -21,12 +25,15 @@ from mailbag.domain.delivery import (
     SendOutcome,
 )
 from mailbag.domain.message import Message
-from mailbag.domain.states import Action
+from mailbag.domain.states import Action, Status
+from mailbag.store.dispatch import Finalized
+from mailbag.store.message_transitions import Changed, Settled
 from mailbag.templates import builtin
 from mailbag.worker import WorkerConfig, WorkerFailed
 from mailbag.worker.attempt import Sender, chunks
 from mailbag.worker.leases import LeaseKeeper
-from mailbag.worker.ledger import BACKLOG_FACTOR, Ledger
+from mailbag.worker.ledger import BACKLOG_FACTOR, Decided, Ledger
+from mailbag.worker.report import Report
 from mailbag.worker.supervisor import SideTasks
 from mailbag.worker.writer import OutcomeWriter
 
@@ -36,12 +43,14 @@ NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def claimed(
-    template: str = "welcome",
+    template: str | None = "welcome",
     data: dict[str, Any] | None = None,
     ambiguous_since: datetime | None = None,
+    **fields: Any,
 ) -> Message:
-    """A message as a claim returns it: `processing`, on its first attempt."""
-    return Message(
+    """A message as a claim returns it: `processing`, on its first attempt. `fields` are
+    any of Message's (expires_at, attachments, subject, html, ...)."""
+    message = Message(
         id=uuid.uuid4(),
         tenant_id="default",
         idempotency_key=None,
@@ -70,6 +79,7 @@ def claimed(
         sent_at=None,
         ambiguous_since=ambiguous_since,
     )
+    return dataclasses.replace(message, **fields)
 
 
 class Log:
@@ -160,13 +170,13 @@ class Recorder:
     def __init__(self, refuse: bool = False) -> None:
         self.refuse = refuse
         self.started: list[list[Message]] = []
-        self.decisions: list[tuple[Message, SendOutcome, Decision]] = []
+        self.decisions: list[tuple[Message, SendOutcome | None, Decision]] = []
 
     def start(self, messages: Sequence[Message]) -> bool:
         self.started.append(list(messages))
         return not self.refuse
 
-    def decided(self, message: Message, outcome: SendOutcome, decision: Decision) -> None:
+    def decided(self, message: Message, outcome: SendOutcome | None, decision: Decision) -> None:
         self.decisions.append((message, outcome, decision))
 
 
@@ -261,6 +271,94 @@ async def test_a_refused_start_hands_the_chunk_back_unsent():
     assert {o for _, o, _ in progress.decisions} == {
         Disabled("worker shutting down before the send")
     }
+
+
+async def test_a_message_past_its_expiry_lapses_without_a_provider_call():
+    provider = MemoryProvider()
+    expired, due, later = (
+        claimed(expires_at=NOW - timedelta(seconds=1)),
+        claimed(expires_at=NOW),  # expires_at is the first moment it may not be sent
+        claimed(expires_at=NOW + timedelta(seconds=1)),
+    )
+    progress = Recorder()
+    await sender(provider).attempt([expired, due, later], progress)
+    assert progress.started == [[later]]
+    assert [e.message_id for e in provider.sent] == [later.id]
+    (first, outcome, decision), (second, _, lapsed), _ = progress.decisions
+    assert (first, second, outcome) == (expired, due, None)  # the provider was not asked
+    assert decision.action is Action.LAPSE is lapsed.action
+    assert decision.error == (
+        "expired before it could be sent (expires_at 2026-01-01T11:59:59+00:00)"
+    )
+
+
+def ref(attachment: Attachment) -> AttachmentRef:
+    return AttachmentRef(
+        attachment.filename,
+        attachment.content_type,
+        attachment.size,
+        attachment.sha256,
+        attachment.content_id,
+    )
+
+
+PDF = Attachment("invoice.pdf", "application/pdf", b"%PDF-1.4 invoice", None)
+LOGO = Attachment("logo.png", "image/png", b"\x89PNG logo", "logo")
+
+
+async def test_attachments_are_sent_with_the_bytes_read_with_the_claim():
+    provider = MemoryProvider()
+    message = claimed(
+        template=None,
+        subject="Your invoice",
+        html='<p>Invoice attached</p><img src="cid:logo">',
+        text="Invoice attached",
+        attachments=(ref(PDF), ref(LOGO)),
+    )
+    plain = claimed()
+    contents = {PDF.sha256: PDF.content, LOGO.sha256: LOGO.content}
+    progress = Recorder()
+    await sender(provider).attempt([message, plain], progress, contents)
+    assert [d.action for _, _, d in progress.decisions] == [Action.MARK_SENT] * 2
+    with_files, without = provider.sent
+    assert list(with_files.attachments) == [PDF, LOGO]
+    assert with_files.subject == "Your invoice" and "cid:logo" in with_files.html
+    assert without.attachments == ()
+
+
+async def test_a_message_whose_attachment_bytes_are_missing_fails_and_is_never_sent():
+    provider = MemoryProvider()
+    message = claimed(attachments=(ref(PDF),))
+    progress = Recorder()
+    await sender(provider).attempt([message], progress, {})
+    ((_, outcome, decision),) = progress.decisions
+    assert outcome == Rejected("attachment 'invoice.pdf' is missing")
+    assert decision.action is Action.FAIL and provider.sent == []
+
+
+def test_the_report_counts_expired_and_ready_made_messages_under_their_own_labels():
+    def counted(state: str, template: str) -> float:
+        name = "mailbag_messages_expired_total" if state == "expired" else f"mailbag_{state}_total"
+        labels = {"provider": "memory", "template": template}
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = counted("expired", "welcome"), counted("sent", "(ready-made)")
+    token = uuid.uuid4()
+    lapsed, ready_made = claimed(), claimed(template=None)
+    lapse = Decision(Action.LAPSE, error="expired before it could be sent")
+    items = [Decided(token, lapsed, lapse), Decided(token, ready_made, DECISION)]
+    changed = [
+        Changed(
+            Settled(m.id, "default", state, 0, m.template_name, {}, None, None, None),
+            Status.PROCESSING,
+        )
+        for m, state in ((lapsed, "expired"), (ready_made, "sent"))
+    ]
+    report = Report(Log(), "memory")
+    report.written([(items, Finalized(changed))])
+    after = counted("expired", "welcome"), counted("sent", "(ready-made)")
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+    assert (report.stats["lapse"], report.stats["mark_sent"]) == (1, 1)
 
 
 def test_keyed_retries_go_alone_and_the_rest_in_chunks_of_the_batch_size():
