@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-from mailbag.store import idempotency, operator
+from mailbag.store import attachments, idempotency, operator
 from mailbag.store.plan import Plan
 from mailbag.store.session import Database
 
@@ -20,12 +20,20 @@ if TYPE_CHECKING:  # engines are handed in, never made here
 CHUNK = 1000
 
 
-def purge(engine: Engine, *, older_than: datetime, now: datetime) -> tuple[int, int]:
-    """Delete finished messages last changed before `older_than`, and every idempotency
-    record expired by `now`; (messages, records) deleted."""
+class Purged(NamedTuple):
+    messages: int
+    records: int  # expired idempotency records
+    attachments: int  # attachment contents no message referenced any more
+
+
+def purge(engine: Engine, *, older_than: datetime, now: datetime) -> Purged:
+    """Delete finished messages last changed before `older_than`, every idempotency record
+    expired by `now`, then the attachments no message references any more (those of the
+    purged messages, unless another message carries the same bytes)."""
     messages = _in_chunks(engine, lambda: operator.purge(older_than=older_than, limit=CHUNK))
     records = _in_chunks(engine, lambda: idempotency.purge_expired(now, limit=CHUNK))
-    return messages, records
+    unused = _in_chunks(engine, lambda: attachments.purge_unreferenced(limit=CHUNK))
+    return Purged(messages, records, unused)
 
 
 def _in_chunks(engine: Engine, chunk: Callable[[], Plan[int]]) -> int:

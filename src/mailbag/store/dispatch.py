@@ -9,11 +9,12 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     and_,
     case,
     func,
@@ -23,9 +24,11 @@ from sqlalchemy import (
     update,
 )
 
+from mailbag.domain.content import HEAD_START, Priority, head_start
 from mailbag.domain.delivery import Decision
 from mailbag.domain.message import Message, truncate_error
 from mailbag.domain.states import Action, Status
+from mailbag.store import attachments
 from mailbag.store.message_transitions import (
     CLAIM_CLEARED,
     LAST_ERROR,
@@ -60,8 +63,18 @@ class Finalized:
 
 
 FINALIZE_ACTIONS = frozenset(
-    {Action.MARK_SENT, Action.RETRY, Action.FAIL, Action.BURY, Action.MARK_UNKNOWN, Action.RELEASE}
+    {
+        Action.MARK_SENT,
+        Action.RETRY,
+        Action.FAIL,
+        Action.BURY,
+        Action.MARK_UNKNOWN,
+        Action.RELEASE,
+        Action.LAPSE,
+    }
 )
+# Finalized without a send: no attempt is spent.
+_UNSENT = frozenset({Action.RELEASE, Action.LAPSE})
 
 _FINALIZE_EVENTS: dict[Action, EventSpec] = {
     Action.MARK_SENT: EventSpec(),
@@ -76,13 +89,19 @@ def claim(
     lease: timedelta,
     limit: int,
 ) -> Plan[Claim]:
-    """Take up to `limit` due messages, oldest due first, under one fresh claim token."""
+    """Take up to `limit` due messages under one fresh claim token, in claim order: due time
+    less the priority's head start (content.HEAD_START), so higher priority goes first
+    without starving the rest. Their attachments come along (references, not bytes).
+
+    Every due message has claim_order_at <= now + HEAD_START (the lowest priority's head
+    start is -HEAD_START), which bounds the claim index's range; next_attempt_at <= now
+    keeps the not-yet-due high-priority messages in that range out.
+    """
     token = uuid.uuid4()
     dialect = yield from current_dialect()
-    if dialect == "mysql":
-        due, order = now >= _MYSQL_CLAIMABLE_AT, (_MYSQL_CLAIMABLE_AT, om.c.id)
-    else:
-        due, order = om.c.next_attempt_at <= now, (om.c.next_attempt_at, om.c.id)
+    order_at = _MYSQL_CLAIMABLE_AT if dialect == "mysql" else om.c.claim_order_at
+    due = and_(order_at <= now + HEAD_START, om.c.next_attempt_at <= now)
+    order = (order_at, om.c.id)
     changed = yield from transition(
         Action.CLAIM,
         as_row=message_from_row,
@@ -100,7 +119,13 @@ def claim(
         skip_locked=True,
         event=EventSpec(offset=1),
     )
-    claimed = sorted((c.message for c in changed), key=lambda m: (m.next_attempt_at, m.id))
+    claimed = sorted((c.message for c in changed), key=lambda m: (m.claim_order_at, m.id))
+    if claimed:
+        carried = yield from attachments.refs([m.id for m in claimed])
+        if carried:
+            claimed = [
+                replace(m, attachments=carried[m.id]) if m.id in carried else m for m in claimed
+            ]
     return Claim(token, claimed)
 
 
@@ -171,12 +196,16 @@ def _finalize_values(
     now: datetime,
     provider: str | None,
 ) -> dict[str, Any]:
-    spends_attempt = action is not Action.RELEASE and not keep_attempt
+    spends_attempt = action not in _UNSENT and not keep_attempt
     values: dict[str, Any] = {
         **CLAIM_CLEARED,
         "attempt_count": om.c.attempt_count + (1 if spends_attempt else 0),
     }
     if action is Action.RELEASE:
+        return values
+    if action is Action.LAPSE:
+        errors = {i: truncate_error(d.error) for i, d in group.items()}
+        values.update(last_error=_per_row(errors, om.c.last_error.type, None), ambiguous_since=None)
         return values
     values["provider"] = provider
     errors = {i: truncate_error(d.error) for i, d in group.items()}
@@ -198,6 +227,7 @@ def _finalize_values(
     if action is Action.RETRY:
         next_at = {i: d.next_attempt_at or now for i, d in group.items()}
         values["next_attempt_at"] = _per_row(next_at, UTCDateTime(), None)
+        values["claim_order_at"] = claim_order(next_at)
         since = {i: d.ambiguous_since for i, d in group.items()}
         values["ambiguous_since"] = _per_row(since, UTCDateTime()) if keep_attempt else None
     elif action is not Action.MARK_UNKNOWN:
@@ -219,6 +249,23 @@ def _per_row(values: Mapping[uuid.UUID, Any], type_: Any, keep: Any = None) -> A
         return literal(next(iter(values.values())), type_)
     whens = {key: literal(value, type_) for key, value in values.items()}
     return case(whens, value=om.c.id, else_=keep if keep is not None else literal(None, type_))
+
+
+def claim_order(due: datetime | Mapping[uuid.UUID, datetime]) -> ColumnElement[Any]:
+    """claim_order_at for rows becoming due at `due` (one time, or one per row by id): that
+    time less each row's own priority's head start, in the same UPDATE."""
+    by_level = {
+        level: (
+            literal(due - head_start(level), UTCDateTime())
+            if isinstance(due, datetime)
+            else _per_row({i: at - head_start(level) for i, at in due.items()}, UTCDateTime())
+        )
+        for level in Priority
+    }
+    normal = by_level.pop(Priority.NORMAL)
+    return case(
+        {int(level): value for level, value in by_level.items()}, value=om.c.priority, else_=normal
+    )
 
 
 def sweep_expired(*, now: datetime, actor: str, limit: int = 1000) -> Plan[list[Changed[Message]]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -15,9 +15,12 @@ from sqlalchemy import (
     select,
 )
 
+from mailbag.domain.content import Attachment, Recipients, head_start
 from mailbag.domain.ids import uuid7
-from mailbag.domain.message import Message, NewMessage
+from mailbag.domain.message import InvalidMessage, Message, NewMessage
 from mailbag.domain.states import MESSAGES, Action
+from mailbag.store import attachments as attachment_store
+from mailbag.store import senders as sender_store
 from mailbag.store import suppressions as suppression_store
 from mailbag.store.message_transitions import LAST_ERROR, MESSAGE_ROWS, message_from_row, om
 from mailbag.store.plan import Plan, Step, current_dialect
@@ -44,15 +47,22 @@ def enqueue(
 
     A taken key is skipped by the database (ON CONFLICT DO NOTHING / ON DUPLICATE KEY) rather
     than raised and caught, so the caller's transaction stays usable; the message that holds
-    the key is read back and returned with `created=False`. Messages to an address on the
-    tenant's suppression list are written as `failed` at once, never offered to a provider.
+    the key is read back and returned with `created=False`. Every recipient is checked
+    against the tenant's suppression list: suppressed ones are dropped and listed in
+    `suppressed`, and a message with no To left is written as `failed` at once, never offered
+    to a provider. An explicit `from` must be a sender identity of the message's tenant
+    (InvalidMessage otherwise, before anything is written). Attachments are written for the
+    messages created here only: a replayed key writes nothing new.
     """
     if not messages:
         return []
     dialect = yield from current_dialect()
-    suppressed = yield from suppression_store.among((m.tenant_id, m.to_address) for m in messages)
+    identities = yield from _check_senders(messages)
+    suppressed = yield from suppression_store.among(
+        (m.tenant_id, a.address) for m in messages for a in m.recipients
+    )
     rows = [
-        _new_row(m, now, default_max_attempts, (m.tenant_id, m.to_address.lower()) in suppressed)
+        _new_row(m, now, default_max_attempts, suppressed, identities.get(_sender(m)))
         for m in messages
     ]
     taken_keys = insert_unless_taken(dialect, om, (om.c.tenant_id, om.c.idempotency_key))
@@ -78,14 +88,29 @@ def enqueue(
         if holder is not None and holder.id != new_row["id"]:
             results.append(Enqueued(holder, created=False))
         else:
-            results.append(Enqueued(Message(**new_row), created=True))
+            results.append(Enqueued(_message(new_row, m), created=True))
+    replayed = {r.message.id for r in results if not r.created}
+    if replayed:
+        carried_before = yield from attachment_store.refs(list(replayed))
+        if carried_before:
+            results = [
+                replace(r, message=replace(r.message, attachments=carried_before[r.message.id]))
+                if not r.created and r.message.id in carried_before
+                else r
+                for r in results
+            ]
     # Within one call the same key may appear twice: only its first row was inserted.
     seen: set[uuid.UUID] = set()
     created = []
-    for result in results:
+    carried: dict[uuid.UUID, tuple[Attachment, ...]] = {}
+    for m, result in zip(messages, results, strict=True):
         if result.created and result.message.id not in seen:
             seen.add(result.message.id)
             created.append(result.message)
+            if m.attachments:
+                carried[result.message.id] = m.attachments
+    if carried:
+        yield from attachment_store.store(carried, now=now)
     if created:
         yield from record(
             MESSAGE_ROWS,
@@ -100,15 +125,70 @@ def enqueue(
     return results
 
 
+def _sender(m: NewMessage) -> tuple[str, str]:
+    return (m.tenant_id, (m.from_address or "").lower())
+
+
+def _check_senders(
+    messages: Sequence[NewMessage],
+) -> Plan[dict[tuple[str, str], str | None]]:
+    """The sender identities the messages' explicit `from`s name (by tenant and lower-case
+    address, with their names); InvalidMessage when one is not its tenant's, before anything
+    is written."""
+    wanted = {_sender(m) for m in messages if m.from_address is not None}
+    if not wanted:
+        return {}
+    identities = yield from sender_store.owned(wanted)
+    for m in messages:
+        if m.from_address is not None and _sender(m) not in identities:
+            raise InvalidMessage(
+                {
+                    "from": (
+                        f"{m.from_address} is not a sender identity of tenant {m.tenant_id}; "
+                        f"add it with `mailbag tenants senders add {m.tenant_id} "
+                        f"{m.from_address}`"
+                    )
+                }
+            )
+    return identities
+
+
+def _message(row: dict[str, Any], m: NewMessage) -> Message:
+    """The Message a created row is, its JSON columns as their types."""
+    recipients = row["recipients"]
+    return Message(
+        **{
+            **row,
+            "recipients": Recipients.from_json(recipients) if recipients is not None else None,
+            "reply_to": m.reply_to,
+            "suppressed": tuple(row["suppressed"] or ()),
+            "attachments": tuple(a.ref for a in m.attachments),
+        }
+    )
+
+
 def _new_row(
-    m: NewMessage, now: datetime, default_max_attempts: int, suppressed: bool
+    m: NewMessage,
+    now: datetime,
+    default_max_attempts: int,
+    suppressed: frozenset[tuple[str, str]],
+    sender_name: str | None,
 ) -> dict[str, Any]:
+    dropped = {
+        a.address.lower() for a in m.recipients if (m.tenant_id, a.address.lower()) in suppressed
+    }
+    recipients = m.recipients.without(dropped) if dropped else m.recipients
+    failed = not recipients.to  # copies alone are not sent
+    if failed:
+        recipients = m.recipients
+    first = recipients.to[0]
+    next_attempt_at = m.send_at or now
     return {
         "id": uuid7(),
         "tenant_id": m.tenant_id,
         "idempotency_key": m.idempotency_key,
-        "to_address": m.to_address,
-        "to_name": m.to_name,
+        "to_address": first.address,
+        "to_name": first.name,
         "from_address": m.from_address,
         "subject": m.subject,
         "template_name": m.template_name,
@@ -116,10 +196,10 @@ def _new_row(
         "headers": dict(m.headers),
         "tags": list(m.tags),
         "metadata": dict(m.metadata),
-        "status": MESSAGES.target(Action.SUPPRESS if suppressed else Action.ENQUEUE).value,
+        "status": MESSAGES.target(Action.SUPPRESS if failed else Action.ENQUEUE).value,
         "attempt_count": 0,
         "max_attempts": m.max_attempts or default_max_attempts,
-        "next_attempt_at": m.send_at or now,
+        "next_attempt_at": next_attempt_at,
         "created_at": now,
         "updated_at": now,
         "claim_token": None,
@@ -128,7 +208,19 @@ def _new_row(
         "lease_expires_at": None,
         "provider": None,
         "provider_message_id": None,
-        "last_error": "suppressed" if suppressed else None,
+        "last_error": "suppressed" if failed else None,
         "sent_at": None,
         "ambiguous_since": None,
+        "from_name": m.from_name or (sender_name if m.from_address else None),
+        # The common case (one To, nothing else) costs no JSON at all.
+        "recipients": None if recipients.is_single else recipients.as_json(),
+        "reply_to": [a.as_json() for a in m.reply_to] or None,
+        "html": m.html,
+        "text": m.text,
+        "expires_at": m.expires_at,
+        "priority": int(m.priority),
+        "claim_order_at": next_attempt_at - head_start(m.priority),
+        "unsubscribe_url": m.unsubscribe_url,
+        "unsubscribe_mailto": m.unsubscribe_mailto,
+        "suppressed": [a.address for a in m.recipients if a.address.lower() in dropped] or None,
     }

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import ColumnElement, Row, and_, func, select, true
 
 from mailbag.domain.message import Filter, Message
+from mailbag.store import attachments
 from mailbag.store.message_transitions import message_from_row, om
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import message_events
 
 
 def get(message_id: uuid.UUID, tenant_id: str | None = None) -> Plan[Message | None]:
+    """One message, with its attachments (references, not bytes)."""
     query = select(om).where(om.c.id == message_id)
     if tenant_id is not None:
         query = query.where(om.c.tenant_id == tenant_id)
     row = (yield Step(query)).first()
-    return message_from_row(row) if row else None
+    if row is None:
+        return None
+    message = message_from_row(row)
+    carried = yield from attachments.refs([message.id])
+    return replace(message, attachments=carried[message.id]) if carried else message
 
 
 def matching(where: Filter) -> ColumnElement[bool]:

@@ -12,6 +12,7 @@ from sqlalchemy import and_, delete, exists, select
 from mailbag.domain import states
 from mailbag.domain.message import Filter, Message, truncate_error
 from mailbag.domain.states import Action, Status
+from mailbag.store.dispatch import claim_order
 from mailbag.store.message_transitions import (
     CLAIM_CLEARED,
     MESSAGE_ROWS,
@@ -22,7 +23,7 @@ from mailbag.store.message_transitions import (
 )
 from mailbag.store.messages import matching
 from mailbag.store.plan import Plan, Step
-from mailbag.store.schema import message_events
+from mailbag.store.schema import message_attachments, message_events
 from mailbag.store.transition import EventSpec
 
 
@@ -46,6 +47,7 @@ def requeue(
             where=matching(where),
             values={
                 "next_attempt_at": now,
+                "claim_order_at": claim_order(now),
                 "max_attempts": om.c.attempt_count + extra_attempts,
                 "ambiguous_since": None,
                 **CLAIM_CLEARED,
@@ -130,7 +132,8 @@ def flag(
 
 
 def purge(*, older_than: datetime, limit: int = 1000) -> Plan[int]:
-    """Delete up to `limit` terminal messages (and their events) last changed before a cutoff.
+    """Delete up to `limit` terminal messages (their events and attachment references too)
+    last changed before a cutoff.
 
     Callers repeat it until it returns less than `limit`, one short transaction per chunk, so
     a large purge never holds locks for long. `unknown` messages are never purged.
@@ -141,5 +144,7 @@ def purge(*, older_than: datetime, limit: int = 1000) -> Plan[int]:
     if not ids:
         return 0
     yield Step(delete(message_events).where(message_events.c.message_id.in_(ids)))
+    # Their attachments' bytes stay until attachments.purge_unreferenced finds them unused.
+    yield Step(delete(message_attachments).where(message_attachments.c.message_id.in_(ids)))
     result = yield Step(delete(om).where(om.c.id.in_(ids), old))
     return int(result.rowcount)  # type: ignore[attr-defined]
