@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag.clock import Clock
 from mailbag.domain.message import Message
-from mailbag.store import dispatch
+from mailbag.store import attachments, dispatch
 from mailbag.store.database import within
 from mailbag.store.dispatch import Claim, Finalized
 from mailbag.store.enqueue import NOTIFY_CHANNEL
@@ -74,8 +74,6 @@ class WorkerDatabase:
         sha256s = {ref.sha256 for message in claim.messages for ref in message.attachments}
         if not sha256s:  # the usual case: not one more statement
             return Claimed(claim.token, claim.messages, {})
-        from mailbag.store import attachments  # TODO(worker): top-level once store lands it
-
         contents = yield from attachments.contents(sha256s)
         return Claimed(claim.token, claim.messages, contents)
 
