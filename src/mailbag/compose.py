@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import email.utils
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -19,8 +20,9 @@ from email.policy import SMTP
 from email.utils import format_datetime
 from functools import cached_property
 from typing import Any
+from urllib.parse import quote
 
-from mailbag.domain.content import Address, Attachment, Recipients
+from mailbag.domain.content import Address, Attachment, Recipients, cid_references
 from mailbag.domain.message import (
     STRUCTURED_HEADERS,
     InvalidMessage,
@@ -96,7 +98,9 @@ class OutgoingEmail:
         if self.unsubscribe_url:
             targets.append(f"<{self.unsubscribe_url}>")
         if self.unsubscribe_mailto:
-            targets.append(f"<mailto:{ascii_address(self.unsubscribe_mailto)}>")
+            # A URI is ASCII: a non-ASCII local part is percent-encoded UTF-8 (RFC 6068).
+            local, _, domain = ascii_address(self.unsubscribe_mailto).rpartition("@")
+            targets.append(f"<mailto:{quote(local, safe=_MAILTO_SAFE)}@{domain}>")
         if not targets:
             return {}
         headers = {"List-Unsubscribe": ", ".join(targets)}
@@ -112,11 +116,10 @@ class OutgoingEmail:
 
     @property
     def needs_smtputf8(self) -> bool:
-        """An address's local part is not ASCII: only SMTPUTF8 can carry this email."""
-        return not (
-            self.from_email.rpartition("@")[0].isascii()
-            and self.to_email.rpartition("@")[0].isascii()
-        )
+        """An address's local part is not ASCII: only SMTPUTF8 can carry this email. Every
+        address counts: From, To, Cc and Reply-To are headers, Bcc is in the envelope."""
+        addresses = (self.from_email, *(a.address for a in (*self.recipients, *self.reply_to)))
+        return not all(address.rpartition("@")[0].isascii() for address in addresses)
 
     @cached_property
     def raw(self) -> bytes:
@@ -141,34 +144,83 @@ class OutgoingEmail:
         """MIME written out directly: every header from user text is encoded by `_text` or
         `_mailbox` so that decoding it gives that text back exactly (the email package's
         own header classes decode encoded-words found in their input, which let a subject
-        of `=?utf-8?q?=0D=0A...?=` add headers). A multipart/alternative of text and HTML,
-        both quoted-printable UTF-8."""
+        of `=?utf-8?q?=0D=0A...?=` add headers). The body is a multipart/alternative of
+        text and HTML, both quoted-printable UTF-8 (the text alone when there is no HTML);
+        inline images wrap it in a multipart/related, other attachments in a
+        multipart/mixed around that. Bcc is never written: it is envelope only."""
         boundary = f"=_mailbag_{self.message_id.hex}"  # "=_" never occurs in QP content
         lines = [
-            _mailbox("From", self.from_email, self.from_name, utf8=utf8),
-            _mailbox("To", self.to_email, self.to_name, utf8=utf8),
+            _mailboxes("From", [Address(self.from_email, self.from_name)], utf8=utf8),
+            _mailboxes("To", self.recipients.to, utf8=utf8),
+        ]
+        if self.recipients.cc:
+            lines.append(_mailboxes("Cc", self.recipients.cc, utf8=utf8))
+        if self.reply_to:
+            lines.append(_mailboxes("Reply-To", self.reply_to, utf8=utf8))
+        lines += [
             _text("Subject", self.subject),
             f"Date: {format_datetime(self.date)}",
             f"Message-ID: {self.rfc_message_id}",
             f"{MESSAGE_ID_HEADER}: {self.message_id}",
         ]
+        own = {name.lower() for name in self.list_unsubscribe}
+        if self.reply_to:
+            own.add("reply-to")
+        for name, value in self.list_unsubscribe.items():
+            lines.append(_list_header(name, value))
         for name, value in self.headers.items():
+            if own and name.lower() in own:  # its own field wins (enqueue refuses both)
+                continue
             structured = name.lower() in STRUCTURED_HEADERS
             lines.append(_literal(name, value) if structured else _text(name, value))
-        lines += [
-            "MIME-Version: 1.0",
-            f'Content-Type: multipart/alternative;\r\n boundary="{boundary}"',
-            "",
-        ]
-        head = "\r\n".join(lines).encode("utf-8" if utf8 else "ascii")
-        return b"".join(
-            [
-                head,
-                _part(boundary, "plain", self.text),
-                _part(boundary, "html", self.html),
-                f"\r\n--{boundary}--\r\n".encode("ascii"),
+        if not self.attachments and self.html:  # the common case, kept as short as it was
+            lines += [
+                "MIME-Version: 1.0",
+                f'Content-Type: multipart/alternative;\r\n boundary="{boundary}"',
+                "",
             ]
-        )
+            head = "\r\n".join(lines).encode("utf-8" if utf8 else "ascii")
+            return b"".join(
+                [
+                    head,
+                    _part(boundary, "plain", self.text),
+                    _part(boundary, "html", self.html),
+                    f"\r\n--{boundary}--\r\n".encode("ascii"),
+                ]
+            )
+        headers, body = self._body(boundary)
+        lines += ["MIME-Version: 1.0", headers, "", ""]
+        return "\r\n".join(lines).encode("utf-8" if utf8 else "ascii") + body
+
+    def _body(self, boundary: str) -> tuple[str, bytes]:
+        """The content headers and the body of a message that is not the plain alternative:
+        the text alone, or text and HTML with attachments. One boundary per level, none a
+        prefix of another (some parsers match delimiter lines by prefix); "=_" occurs
+        neither in quoted-printable nor in base64 content."""
+        entity: tuple[str, bytes]
+        if self.html:
+            entity = (
+                f'Content-Type: multipart/alternative;\r\n boundary="{boundary}"',
+                _multipart(boundary, [_qp("plain", self.text), _qp("html", self.html)]),
+            )
+        else:  # ready-made text only: an empty HTML alternative would display as blank
+            entity = _qp("plain", self.text)
+        inline = [_attachment(a) for a in self.attachments if a.inline]
+        if inline:
+            related = f"=_mailbag_r_{self.message_id.hex}"
+            first = "multipart/alternative" if self.html else "text/plain"
+            entity = (
+                f'Content-Type: multipart/related; type="{first}";\r\n boundary="{related}"',
+                _multipart(related, [entity, *inline]),
+            )
+        regular = [_attachment(a) for a in self.attachments if not a.inline]
+        if regular:
+            mixed = f"=_mailbag_m_{self.message_id.hex}"
+            entity = (
+                f'Content-Type: multipart/mixed;\r\n boundary="{mixed}"',
+                _multipart(mixed, [entity, *regular]),
+            )
+        return entity
 
 
 def compose(
@@ -195,10 +247,7 @@ def compose(
         rendered = catalog.render(message.template_name, data, message.subject)
         subject, html, text = rendered.subject, rendered.html, rendered.text
     from_email = message.from_address or default_from_email
-    if message.from_address is None:
-        from_name = default_from_name
-    else:
-        from_name = message.from_name
+    from_name = default_from_name if message.from_address is None else message.from_name
     return OutgoingEmail(
         message_id=message.id,
         attempt=message.attempt,
@@ -230,11 +279,19 @@ def check_renders(message: NewMessage, catalog: Catalog) -> None:
     data is complete at enqueue (the API and the CLI; a verification's token joins only
     at render time)."""
     if message.template_name is None:
-        return
+        return  # ready-made: new_message checked its cid: references already
     try:
-        catalog.render(message.template_name, message.template_data, message.subject)
+        rendered = catalog.render(message.template_name, message.template_data, message.subject)
     except TemplateError as exc:
         raise InvalidMessage({"template": f"does not render with this data: {exc}"}) from None
+    # An inline image the HTML refers to but nobody attached would show as a broken image.
+    missing = cid_references(rendered.html) - {
+        a.content_id for a in message.attachments if a.content_id
+    }
+    if missing:
+        raise InvalidMessage(
+            {"html": f"refers to cid:{sorted(missing)[0]}, and no attachment has that content_id"}
+        )
 
 
 # --- writing headers ------------------------------------------------------------------
@@ -250,6 +307,11 @@ ENCODED_WORD_MAX = 75  # RFC 2047
 _WORD_OVERHEAD = len("=?utf-8?q??=")
 _PLAIN = re.compile(r"[!-~]+(?: [!-~]+)*")
 # Q-encoding may leave these as they are even inside a phrase (RFC 2047 section 5 (3)).
+# A long URL is folded into pieces of this size (each on a line of its own).
+_URL_PIECE = 900
+# What a mailto: URI's local part keeps as it is besides letters, digits and "-._~"
+# (RFC 6068's some-delims an addr-spec uses); everything else is percent-encoded UTF-8.
+_MAILTO_SAFE = "!$'*+"
 _Q_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!*+-/")
 
 
@@ -286,20 +348,55 @@ def _literal(name: str, value: str) -> str:
 
 
 def _mailbox(name: str, address: str, display_name: str | None, *, utf8: bool) -> str:
+    """A header holding one mailbox."""
+    return _fold(name, _mailbox_tokens(address, display_name, utf8=utf8, first_line=len(name) + 2))
+
+
+def _mailboxes(name: str, mailboxes: Sequence[Address], *, utf8: bool) -> str:
+    """A header holding a list of mailboxes (To, Cc, Reply-To), separated by commas and
+    folded between words; one mailbox is written exactly as `_mailbox` writes it."""
+    if len(mailboxes) == 1:
+        return _mailbox(name, mailboxes[0].address, mailboxes[0].name, utf8=utf8)
+    tokens: list[str] = []
+    for index, mailbox in enumerate(mailboxes):
+        first_line = len(name) + 2 if index == 0 else LINE_SOFT_MAX  # later: wherever it folds
+        words = _mailbox_tokens(mailbox.address, mailbox.name, utf8=utf8, first_line=first_line)
+        if index < len(mailboxes) - 1:
+            words[-1] += ","  # after the <addr-spec>, never inside a phrase
+        tokens += words
+    return _fold(name, tokens)
+
+
+def _mailbox_tokens(
+    address: str, display_name: str | None, *, utf8: bool, first_line: int
+) -> list[str]:
     local, _, domain = address.rpartition("@")
     if not local.isascii() and not utf8:
         raise NeedsSMTPUTF8(f"{address!r} has a non-ASCII local part; it needs SMTPUTF8")
     # Headers carry internationalized domains in their ASCII (IDNA) form.
     addr_spec = f"<{local}@{ascii_domain(domain)}>"
     if not display_name:
-        return _fold(name, [addr_spec])
+        return [addr_spec]
     if _is_plain(display_name):
         # A quoted-string, folded at its own single spaces if long: unfolding restores it.
         quoted = '"' + display_name.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        return _fold(name, [*quoted.split(" "), addr_spec])
+        return [*quoted.split(" "), addr_spec]
     # Adjacent encoded-words decode with no space between them (RFC 2047 6.2); the email
     # package's phrase parser keeps one, so only a name longer than one word differs there.
-    return _fold(name, [*_encoded_words(display_name, first_line=len(name) + 2), addr_spec])
+    return [*_encoded_words(display_name, first_line=first_line), addr_spec]
+
+
+def _list_header(name: str, value: str) -> str:
+    """List-Unsubscribe(-Post) as `list_unsubscribe` gives it, folded after its commas. A
+    URL too long for one line (998) is folded inside its angle brackets, where RFC 2369
+    says whitespace is ignored."""
+    tokens = []
+    for token in value.split(" "):
+        while len(token) > LINE_HARD_MAX - len(name) - 2:
+            tokens.append(token[:_URL_PIECE])
+            token = token[_URL_PIECE:]
+        tokens.append(token)
+    return _fold(name, tokens)
 
 
 def _encoded_words(value: str, *, first_line: int) -> list[str]:
@@ -344,10 +441,67 @@ def _encoded_word(data: bytes, use_q: bool) -> str:
 
 def _part(boundary: str, subtype: str, body: str) -> bytes:
     """One alternative: its headers and its body, quoted-printable UTF-8, CRLF lines."""
+    headers, encoded = _qp(subtype, body)
+    return f"\r\n--{boundary}\r\n{headers}\r\n\r\n".encode("ascii") + encoded
+
+
+def _qp(subtype: str, body: str) -> tuple[str, bytes]:
+    """A text entity: its headers and its body, quoted-printable UTF-8 with CRLF lines."""
     normalized = body.replace("\r\n", "\n").replace("\r", "\n").encode("utf-8")
     encoded = binascii.b2a_qp(normalized, quotetabs=False, istext=True, header=False)
-    return (
-        f"\r\n--{boundary}\r\n"
+    headers = (
         f'Content-Type: text/{subtype}; charset="utf-8"\r\n'
-        "Content-Transfer-Encoding: quoted-printable\r\n\r\n"
-    ).encode("ascii") + encoded.replace(b"\n", b"\r\n")
+        "Content-Transfer-Encoding: quoted-printable"
+    )
+    return headers, encoded.replace(b"\n", b"\r\n")
+
+
+def _multipart(boundary: str, entities: Sequence[tuple[str, bytes]]) -> bytes:
+    """A multipart body: each entity (headers, blank line, body) after a delimiter line."""
+    out = []
+    for index, (headers, body) in enumerate(entities):
+        delimiter = f"--{boundary}" if index == 0 else f"\r\n--{boundary}"
+        out += [f"{delimiter}\r\n{headers}\r\n\r\n".encode("ascii"), body]
+    out.append(f"\r\n--{boundary}--\r\n".encode("ascii"))
+    return b"".join(out)
+
+
+def _attachment(attachment: Attachment) -> tuple[str, bytes]:
+    """An attachment entity: base64 in lines of 76 characters (RFC 2045), an inline one
+    with its Content-ID for cid: references."""
+    headers = [
+        f"Content-Type: {attachment.content_type}",
+        "Content-Transfer-Encoding: base64",
+    ]
+    if attachment.content_id is not None:
+        headers.append(f"Content-ID: <{attachment.content_id}>")
+    disposition = "inline" if attachment.inline else "attachment"
+    headers.append(_disposition(disposition, attachment.filename))
+    body = base64.encodebytes(attachment.content).rstrip(b"\n").replace(b"\n", b"\r\n")
+    return "\r\n".join(headers), body
+
+
+# RFC 2231 continuations stay within 78 characters with this much of the encoded value each.
+_CONTINUATION_CHUNK = 60
+_PERCENT_ESCAPE = re.compile(r"%[0-9A-F]{2}|[^%]")
+
+
+def _disposition(kind: str, filename: str) -> str:
+    """`Content-Disposition: kind; filename=...`: a quoted-string when the name is plain
+    ASCII (quotes and backslashes escaped), else RFC 2231 (UTF-8, percent-encoded; also
+    for a name that looks like an encoded-word, which readers would decode), split into
+    continuations when long, so the name reads back exactly."""
+    if _is_plain(filename) and len(filename) <= _CONTINUATION_CHUNK:
+        return f'Content-Disposition: {kind};\r\n filename="{email.utils.quote(filename)}"'
+    encoded = email.utils.encode_rfc2231(filename, "utf-8")
+    if len(encoded) <= _CONTINUATION_CHUNK:
+        return f"Content-Disposition: {kind};\r\n filename*={encoded}"
+    chunks, chunk = [], ""
+    for piece in _PERCENT_ESCAPE.findall(encoded):  # never split a %XX escape
+        if len(chunk) + len(piece) > _CONTINUATION_CHUNK:
+            chunks.append(chunk)
+            chunk = ""
+        chunk += piece
+    chunks.append(chunk)
+    params = ";\r\n".join(f" filename*{i}*={chunk}" for i, chunk in enumerate(chunks))
+    return f"Content-Disposition: {kind};\r\n{params}"
