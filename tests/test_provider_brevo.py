@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import socket
+import struct
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import SecretStr
 
 from mailbag.compose import OutgoingEmail
+from mailbag.domain.content import Address, Attachment, Recipients, cid_references
 from mailbag.domain.delivery import (
     Accepted,
     Ambiguous,
@@ -33,7 +39,7 @@ from mailbag.providers.brevo import (
 )
 from mailbag.settings import Settings
 
-from brevo_server import BrevoServer, Endpoint
+from brevo_server import SEND_PATH, BrevoServer, Endpoint
 from helpers import T0, outgoing_email
 
 CLIENT_TIMEOUT = 0.5  # seconds: short, so the "accepted, then silence" cases stay quick
@@ -502,3 +508,380 @@ async def test_lookup_failure_raises_a_clear_error(
 
     assert raised.value.status == 500
     assert brevo.api_key not in str(raised.value)
+
+
+# --- everything one message can carry ---------------------------------------------------
+
+
+def pdf_bytes(text: str = "Invoice 42") -> bytes:
+    """A real one-page PDF (header, catalog, page, content stream, xref, trailer)."""
+    stream = f"BT /F1 18 Tf 72 720 Td ({text}) Tj ET".encode()
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R"
+        b" /Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)
+
+
+def png_bytes() -> bytes:
+    """A real 2x2 RGB PNG."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    rows = b"".join(b"\x00" + b"\xff\x00\x00" * 2 for _ in range(2))  # filter 0, red pixels
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+PDF = pdf_bytes()
+PNG = png_bytes()
+BCC = "hidden@example.org"
+
+
+def full_email(i: int = 0, *, logo_cid: str = "logo", **overrides: Any) -> OutgoingEmail:
+    """Two To (one on an IDN domain), a Cc, a Bcc, a Reply-To, a PDF, an inline PNG
+    referenced from the HTML, and an unsubscribe link."""
+    fields: dict[str, Any] = {
+        "recipients": Recipients(
+            to=(Address(f"user{i}@example.com", "Ana Añez"), Address("zoe@bücher.example")),
+            cc=(Address("copy@example.net", "Copy"),),
+            bcc=(Address(BCC, "Hidden"),),
+        ),
+        "reply_to": (Address("support@example.com", "Support"),),
+        "html": f'<p>Hello {i}</p><img src="cid:{logo_cid}" alt="logo">',
+        "attachments": (
+            Attachment("invoice.pdf", "application/pdf", PDF),
+            Attachment("logo.png", "image/png", PNG, content_id=logo_cid),
+        ),
+        "unsubscribe_url": "https://example.com/unsubscribe?u=1",
+        "unsubscribe_mailto": "unsubscribe@example.com",
+        "headers": {"X-Campaign": "spring"},
+    }
+    fields.update(overrides)
+    email: OutgoingEmail = outgoing_email(i, **fields)
+    return email
+
+
+async def test_a_message_with_every_part_arrives_in_brevos_own_fields(
+    brevo: BrevoServer, provider: BrevoProvider
+) -> None:
+    email = full_email()
+
+    outcome = await provider.send(email)
+
+    (request,) = brevo.send_requests()
+    body = request.json
+    assert body["to"] == [
+        {"email": "user0@example.com", "name": "Ana Añez"},
+        {"email": "zoe@xn--bcher-kva.example"},  # the ASCII (IDNA) form Brevo's schema takes
+    ]
+    assert body["cc"] == [{"email": "copy@example.net", "name": "Copy"}]
+    assert body["bcc"] == [{"email": BCC, "name": "Hidden"}]
+    assert body["replyTo"] == {"email": "support@example.com", "name": "Support"}
+    assert body["headers"]["List-Unsubscribe"] == (
+        "<https://example.com/unsubscribe?u=1>, <mailto:unsubscribe@example.com>"
+    )
+    assert body["headers"]["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    assert body["headers"]["X-Campaign"] == "spring"
+    # The Bcc is in `bcc` and nowhere else: no header names or carries it.
+    assert json.dumps(body).count(BCC) == 1
+    assert not any(name.lower() == "bcc" for name in body["headers"])
+    assert BCC not in json.dumps(body["headers"])
+    # The PDF's bytes arrive as they left.
+    (delivery,) = brevo.delivered()
+    assert outcome == Accepted(delivery.message_id)
+    assert delivery.attachment("invoice.pdf") == PDF
+    assert base64.b64decode(body["attachment"][0]["content"], validate=True) == PDF
+    # The inline image goes under the name its cid: reference uses (the content id gains
+    # the file's extension, which Brevo requires), and the HTML refers to that name.
+    assert cid_references(body["htmlContent"]) == {"logo.png"}
+    assert delivery.attachment("logo.png") == PNG
+    assert [a["name"] for a in body["attachment"]] == ["invoice.pdf", "logo.png"]
+    assert delivery.recipient_emails == [
+        "user0@example.com",
+        "zoe@xn--bcher-kva.example",
+        "copy@example.net",
+        BCC,
+    ]
+
+
+async def test_an_inline_content_id_with_an_extension_is_its_name_and_the_html_is_untouched(
+    brevo: BrevoServer, provider: BrevoProvider
+) -> None:
+    email = full_email(logo_cid="brand.png")
+
+    assert isinstance(await provider.send(email), Accepted)
+
+    body = brevo.send_requests()[0].json
+    assert body["htmlContent"] == email.html
+    assert brevo.delivered()[0].attachment("brand.png") == PNG
+
+
+async def test_every_cid_reference_to_a_renamed_image_follows_it_and_others_are_left(
+    brevo: BrevoServer, provider: BrevoProvider
+) -> None:
+    html = (
+        '<img src="cid:logo"><div style="background:url(cid:logo)"></div>'
+        '<img src="cid:logo-big.png"><a href="https://example.com/cid:logo">x</a>'
+    )
+    email = full_email(
+        html=html,
+        attachments=(
+            Attachment("logo.png", "image/png", PNG, content_id="logo"),
+            Attachment("big.png", "image/png", PNG, content_id="logo-big.png"),
+        ),
+    )
+
+    assert isinstance(await provider.send(email), Accepted)
+
+    sent = brevo.send_requests()[0].json["htmlContent"]
+    assert sent == (
+        '<img src="cid:logo.png"><div style="background:url(cid:logo.png)"></div>'
+        '<img src="cid:logo-big.png"><a href="https://example.com/cid:logo.png">x</a>'
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        (
+            {"reply_to": (Address("a@example.com"), Address("b@example.com"))},
+            "2 Reply-To addresses",
+        ),
+        (
+            {"attachments": (Attachment("setup.exe", "application/octet-stream", b"MZ"),)},
+            "'setup.exe'",
+        ),
+        (
+            {
+                "attachments": (
+                    Attachment("logo.png", "image/png", PNG, content_id="logo"),
+                    Attachment("logo.png", "image/png", PNG),
+                )
+            },
+            "named 'logo.png'",
+        ),
+    ],
+    ids=["several-reply-to", "extension-brevo-refuses", "inline-name-taken"],
+)
+async def test_what_brevo_cannot_carry_is_rejected_with_the_reason_and_never_sent(
+    brevo: BrevoServer, provider: BrevoProvider, overrides: dict[str, Any], reason: str
+) -> None:
+    outcome = await provider.send(full_email(**overrides))
+
+    assert isinstance(outcome, Rejected)
+    assert "the brevo provider cannot send" in outcome.error and reason in outcome.error
+    assert brevo.requests == []
+
+
+async def test_a_text_only_email_sends_no_html(brevo: BrevoServer, provider: BrevoProvider) -> None:
+    assert isinstance(await provider.send(outgoing_email(0, html="")), Accepted)
+
+    body = brevo.send_requests()[0].json
+    assert "htmlContent" not in body and body["textContent"] == "Hello 0"
+
+
+async def test_a_mixed_batch_sends_plain_ones_as_versions_and_the_rest_alone_in_order(
+    brevo: BrevoServer, provider: BrevoProvider
+) -> None:
+    batch = [
+        outgoing_email(0),
+        outgoing_email(1),
+        outgoing_email(2, attachments=(Attachment("invoice.pdf", "application/pdf", PDF),)),
+        outgoing_email(
+            3,
+            recipients=Recipients(
+                to=(Address("user3@example.com"), Address("also3@example.com")),
+            ),
+        ),
+        outgoing_email(
+            4,
+            recipients=Recipients(
+                to=(Address("user4@example.com"),), cc=(Address("cc4@example.com"),)
+            ),
+        ),
+        outgoing_email(5, reply_to=(Address("help@example.com"),)),
+        outgoing_email(
+            6,
+            recipients=Recipients(
+                to=(Address("user6@example.com"),), bcc=(Address("bcc6@example.com"),)
+            ),
+        ),
+        outgoing_email(7),
+    ]
+
+    outcomes = await provider.send_batch(batch)
+
+    requests = brevo.send_requests()
+    (batch_call,) = [r for r in requests if r.versions]
+    singles = {r.json["to"][0]["email"]: r.json for r in requests if not r.versions}
+    # Several To fit a version; attachments, Cc, Bcc and Reply-To go alone.
+    assert [[to["email"] for to in v["to"]] for v in batch_call.versions] == [
+        ["user0@example.com"],
+        ["user1@example.com"],
+        ["user3@example.com", "also3@example.com"],
+        ["user7@example.com"],
+    ]
+    assert set(singles) == {
+        "user2@example.com",
+        "user4@example.com",
+        "user5@example.com",
+        "user6@example.com",
+    }
+    assert base64.b64decode(singles["user2@example.com"]["attachment"][0]["content"]) == PDF
+    assert singles["user4@example.com"]["cc"] == [{"email": "cc4@example.com"}]
+    assert singles["user5@example.com"]["replyTo"] == {"email": "help@example.com"}
+    assert singles["user6@example.com"]["bcc"] == [{"email": "bcc6@example.com"}]
+    assert all("idempotencyKey" in single["headers"] for single in singles.values())
+    # One outcome per email, in input order: each is the id of that email's own delivery.
+    by_recipient = {d.to_emails[0]: d.message_id for d in brevo.delivered()}
+    assert accepted_ids(outcomes) == [by_recipient[e.to_email] for e in batch]
+
+
+async def test_list_unsubscribe_rides_the_call_so_only_equal_ones_share_one(
+    brevo: BrevoServer, provider: BrevoProvider
+) -> None:
+    shared = "https://example.com/unsubscribe/list-7"
+    batch = [
+        outgoing_email(0, unsubscribe_url=shared),
+        outgoing_email(1, unsubscribe_url="https://example.com/unsubscribe/u1"),
+        outgoing_email(2, unsubscribe_url=shared),
+    ]
+
+    outcomes = await provider.send_batch(batch)
+
+    assert len(accepted_ids(outcomes)) == 3
+    headers = {d.to_emails[0]: d.headers for d in brevo.delivered()}
+    for i, url in enumerate([shared, "https://example.com/unsubscribe/u1", shared]):
+        assert headers[f"user{i}@example.com"]["List-Unsubscribe"] == f"<{url}>"
+        assert headers[f"user{i}@example.com"]["List-Unsubscribe-Post"] == (
+            "List-Unsubscribe=One-Click"
+        )
+    assert sorted(len(r.versions) for r in brevo.send_requests()) == [0, 2]
+
+
+async def test_text_only_and_html_emails_never_share_a_call(
+    brevo: BrevoServer, provider: BrevoProvider
+) -> None:
+    # A version without htmlContent would inherit the call's: another email's body.
+    batch = [
+        outgoing_email(0),
+        outgoing_email(1, html=""),
+        outgoing_email(2),
+        outgoing_email(3, html=""),
+    ]
+
+    outcomes = await provider.send_batch(batch)
+
+    assert len(accepted_ids(outcomes)) == 4
+    bodies = {d.to_emails[0]: (d.html, d.text) for d in brevo.delivered()}
+    assert bodies == {
+        "user0@example.com": ("<p>Hello 0</p>", "Hello 0"),
+        "user1@example.com": (None, "Hello 1"),
+        "user2@example.com": ("<p>Hello 2</p>", "Hello 2"),
+        "user3@example.com": (None, "Hello 3"),
+    }
+    assert sorted(len(r.versions) for r in brevo.send_requests()) == [2, 2]
+
+
+async def test_a_call_never_holds_more_than_2000_recipients(
+    brevo: BrevoServer, provider: BrevoProvider
+) -> None:
+    batch = [
+        outgoing_email(
+            i,
+            recipients=Recipients(to=tuple(Address(f"user{i}.{j}@example.com") for j in range(50))),
+        )
+        for i in range(41)  # 2050 recipients
+    ]
+
+    outcomes = await provider.send_batch(batch)
+
+    per_call = [
+        sum(len(v["to"]) for v in r.versions) if r.versions else len(r.json["to"])
+        for r in brevo.send_requests()
+    ]
+    assert sorted(per_call) == [50, 2000]  # 40 versions, then the last email by itself
+    by_recipient = {d.to_emails[0]: d.message_id for d in brevo.delivered()}
+    assert accepted_ids(outcomes) == [by_recipient[e.to_email] for e in batch]
+
+
+@pytest.mark.parametrize(
+    ("attachment", "message"),
+    [
+        ({"content": "not base64!", "name": "a.pdf"}, "not valid base64"),
+        ({"content": "QUJD\nREVG", "name": "a.pdf"}, "not valid base64"),
+        ({"content": "QUJD"}, "name is required"),
+        ({"content": "QUJD", "name": "a.exe"}, "extension"),
+        ({"name": "a.pdf"}, "url or content"),
+        ({"url": "file:///etc/passwd", "name": "a.pdf"}, "absolute URL"),
+    ],
+)
+def test_the_fake_refuses_attachments_as_brevo_documents(
+    brevo: BrevoServer, attachment: dict[str, str], message: str
+) -> None:
+    body = {
+        "sender": {"email": "sender@example.com"},
+        "to": [{"email": "user@example.com"}],
+        "subject": "s",
+        "htmlContent": "<p>h</p>",
+        "attachment": [attachment],
+    }
+
+    answer = httpx.post(brevo.url + SEND_PATH, json=body, headers={"api-key": brevo.api_key})
+
+    assert answer.status_code == 400 and message in answer.json()["message"]
+    assert brevo.delivered() == []
+
+
+@pytest.mark.parametrize(
+    ("bcc", "message"),
+    [
+        ({"email": "bcc@example.com"}, "at most 99 recipients"),  # 50 + 49 + 1
+        ({"email": "b@example.com", "name": "x" * 71}, "longer than 70 characters"),
+    ],
+)
+def test_the_fake_counts_cc_and_bcc_in_a_version_and_limits_names(
+    brevo: BrevoServer, bcc: dict[str, str], message: str
+) -> None:
+    body = {
+        "sender": {"email": "sender@example.com"},
+        "subject": "s",
+        "htmlContent": "<p>h</p>",
+        "messageVersions": [
+            {
+                "to": [{"email": f"to{i}@example.com"} for i in range(50)],
+                "cc": [
+                    {"email": f"cc{i}@example.com"} for i in range(49 if "name" not in bcc else 1)
+                ],
+                "bcc": [bcc],
+            }
+        ],
+    }
+
+    answer = httpx.post(brevo.url + SEND_PATH, json=body, headers={"api-key": brevo.api_key})
+
+    assert answer.status_code == 400 and message in answer.json()["message"]
