@@ -645,7 +645,7 @@ async def test_every_cid_reference_to_a_renamed_image_follows_it_and_others_are_
 ) -> None:
     html = (
         '<img src="cid:logo"><div style="background:url(cid:logo)"></div>'
-        '<img src="cid:logo-big.png"><a href="https://example.com/cid:logo">x</a>'
+        '<img src="cid:logo-big.png"><img src="CID:logo">'
     )
     email = full_email(
         html=html,
@@ -660,7 +660,7 @@ async def test_every_cid_reference_to_a_renamed_image_follows_it_and_others_are_
     sent = brevo.send_requests()[0].json["htmlContent"]
     assert sent == (
         '<img src="cid:logo.png"><div style="background:url(cid:logo.png)"></div>'
-        '<img src="cid:logo-big.png"><a href="https://example.com/cid:logo.png">x</a>'
+        '<img src="cid:logo-big.png"><img src="cid:logo.png">'
     )
 
 
