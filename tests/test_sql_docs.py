@@ -28,9 +28,16 @@ def test_every_store_operation_is_in_the_sql_docs() -> None:
 
 def test_the_recorder_takes_every_path_a_plan_branches_to() -> None:
     # MariaDB's claim reads a window of due ids, locks among them, updates, reads the rows
-    # back and records their events; PostgreSQL does it all in one statement.
+    # back and records their events; PostgreSQL does it all in one statement. Both then
+    # read the claimed messages' attachments (references) in one more.
     claim = next(op for op in sqldocs.OPERATIONS if op.name == "dispatch.claim")
     mysql = sqldocs.record(claim, "mysql")
-    assert len(mysql) == 5
+    assert len(mysql) == 6
     assert "FOR UPDATE SKIP LOCKED" in mysql[1] and mysql[2].startswith("UPDATE")
-    assert len(sqldocs.record(claim, "postgresql")) == 1
+    assert "message_attachments" in mysql[5]
+    assert len(sqldocs.record(claim, "postgresql")) == 2
+    # Enqueue checks the sender, then suppressions, and writes the attachment's bytes.
+    enqueue = next(op for op in sqldocs.OPERATIONS if op.name == "enqueue.enqueue")
+    sqlite = sqldocs.record(enqueue, "sqlite")
+    assert "tenant_senders" in sqlite[0] and "suppressions" in sqlite[1]
+    assert any(sql.startswith("INSERT INTO attachments") for sql in sqlite)

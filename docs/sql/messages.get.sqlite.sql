@@ -1,7 +1,13 @@
 -- messages.get (sqlite)
+-- One message, with its attachments (references, not bytes).
 -- Written by `python -m mailbag.store.sqldocs` from the plan; do not edit.
 
 -- step 1
-SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotency_key, outbox_messages.to_address, outbox_messages.to_name, outbox_messages.from_address, outbox_messages.subject, outbox_messages.template_name, outbox_messages.template_data, outbox_messages.headers, outbox_messages.tags, outbox_messages.metadata, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.max_attempts, outbox_messages.next_attempt_at, outbox_messages.created_at, outbox_messages.updated_at, outbox_messages.claim_token, outbox_messages.claimed_by, outbox_messages.claimed_at, outbox_messages.lease_expires_at, outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.sent_at, outbox_messages.ambiguous_since
+SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotency_key, outbox_messages.to_address, outbox_messages.to_name, outbox_messages.from_address, outbox_messages.subject, outbox_messages.template_name, outbox_messages.template_data, outbox_messages.headers, outbox_messages.tags, outbox_messages.metadata, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.max_attempts, outbox_messages.next_attempt_at, outbox_messages.created_at, outbox_messages.updated_at, outbox_messages.claim_token, outbox_messages.claimed_by, outbox_messages.claimed_at, outbox_messages.lease_expires_at, outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.from_name, outbox_messages.recipients, outbox_messages.reply_to, outbox_messages.html, outbox_messages.text, outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at, outbox_messages.unsubscribe_url, outbox_messages.unsubscribe_mailto, outbox_messages.suppressed
 FROM outbox_messages
 WHERE outbox_messages.id = :id_1 AND outbox_messages.tenant_id = :tenant_id_1;
+
+-- step 2
+SELECT message_attachments.message_id, message_attachments.filename, message_attachments.content_type, attachments.size, message_attachments.sha256, message_attachments.content_id
+FROM message_attachments JOIN attachments ON attachments.sha256 = message_attachments.sha256
+WHERE message_attachments.message_id IN (:message_id_1_1) ORDER BY message_attachments.message_id, message_attachments.position;

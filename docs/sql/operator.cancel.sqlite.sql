@@ -8,7 +8,7 @@ FROM outbox_messages
 WHERE outbox_messages.status IN ('pending') AND outbox_messages.id IN (:id_1_1) AND outbox_messages.tenant_id = :tenant_id_1;
 
 -- step 2
-UPDATE outbox_messages SET status='cancelled', updated_at=:updated_at WHERE outbox_messages.id IN (:id_1_1) AND outbox_messages.status IN ('pending') AND outbox_messages.id IN (:id_2_1) AND outbox_messages.tenant_id = :tenant_id_1 RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, subject, template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since;
+UPDATE outbox_messages SET status='cancelled', updated_at=:updated_at WHERE outbox_messages.id IN (:id_1_1) AND outbox_messages.status IN ('pending') AND outbox_messages.id IN (:id_2_1) AND outbox_messages.tenant_id = :tenant_id_1 RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, subject, template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since, from_name, recipients, reply_to, html, text, expires_at, priority, claim_order_at, unsubscribe_url, unsubscribe_mailto, suppressed;
 
 -- step 3
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt, provider_message_id, detail) VALUES (:message_id, :from_status, :to_status, :at, :actor, :attempt, :provider_message_id, :detail);  -- once per row (executemany)

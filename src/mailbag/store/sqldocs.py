@@ -36,12 +36,14 @@ from sqlalchemy.engine import Dialect as SQLDialect
 
 import mailbag.store
 from mailbag.database_url import Dialect
+from mailbag.domain.content import Attachment
 from mailbag.domain.delivery import Decision
 from mailbag.domain.events import EventKind, ProviderEvent
-from mailbag.domain.message import Filter, Message, NewMessage
+from mailbag.domain.message import Filter, Message, new_message
 from mailbag.domain.states import Action, Status
 from mailbag.domain.verification import VAction
 from mailbag.store import (
+    attachments,
     console_sessions,
     deployment,
     dispatch,
@@ -50,6 +52,7 @@ from mailbag.store import (
     idempotency,
     messages,
     operator,
+    senders,
     stats,
     suppressions,
     tenants,
@@ -161,8 +164,14 @@ def _message(**values: Any) -> Message:
     return Message(**{**dict(row._mapping), **values})
 
 
-_NEW_MESSAGE = NewMessage(
-    tenant_id=TENANT, to_address="ada@example.com", template_name="welcome", idempotency_key="k"
+SENDER = "billing@example.com"
+_NEW_MESSAGE = new_message(
+    tenant_id=TENANT,
+    to="ada@example.com",
+    template="welcome",
+    idempotency_key="k",
+    from_address=SENDER,  # the sender identity check shows
+    attachments=[Attachment("invoice.pdf", "application/pdf", b"%PDF-1.7 sample")],
 )
 _EVENT = ProviderEvent(
     provider="brevo",
@@ -182,8 +191,10 @@ OPERATIONS: list[Operation] = [
     Operation(
         enqueue.enqueue,
         {"messages": [_NEW_MESSAGE], "now": NOW, "default_max_attempts": 5},
-        rows=(1, 1, 0),  # the key's holder is this very row: the message is created
-        samples={"idempotency_key": "k", "tenant_id": TENANT},
+        # The sender is the tenant's; nobody holds the key: the message is created, and its
+        # attachment's bytes are new.
+        rows=(1, 1, 1, 0),
+        samples={"idempotency_key": "k", "tenant_id": TENANT, "address": SENDER},
     ),
     Operation(
         dispatch.claim,
@@ -200,6 +211,7 @@ OPERATIONS: list[Operation] = [
             "token": IDS[2],
             "decisions": {
                 IDS[0]: Decision(Action.MARK_SENT, provider_message_id="<p-1>"),
+                IDS[1]: Decision(Action.RETRY, error="421 busy", next_attempt_at=NOW),
             },
             "now": NOW,
             "actor": "worker-1",
@@ -248,6 +260,19 @@ OPERATIONS: list[Operation] = [
         samples={"status": Status.UNKNOWN.value, "previous_state": Status.UNKNOWN.value},
     ),
     Operation(operator.purge, {"older_than": NOW}),
+    # Attachments and sender identities
+    Operation(attachments.refs, {"message_ids": IDS[:2]}),
+    Operation(attachments.contents, {"sha256s": [DIGEST]}, samples={"content": b"%PDF"}),
+    Operation(
+        attachments.content, {"message_id": IDS[0], "position": 0}, samples={"content": b"%PDF"}
+    ),
+    Operation(attachments.purge_unreferenced),
+    Operation(
+        senders.add, {"tenant_id": TENANT, "address": SENDER, "name": None, "now": NOW}, rows=(0,)
+    ),
+    Operation(senders.remove, {"tenant_id": TENANT, "address": SENDER}),
+    Operation(senders.listing, {"tenant_id": TENANT}),
+    Operation(senders.owned, {"pairs": [(TENANT, SENDER)]}),
     # Reads
     Operation(messages.get, {"message_id": IDS[0], "tenant_id": TENANT}),
     Operation(
@@ -375,6 +400,7 @@ PARTS = {
     "transition.apply_transition": "message_transitions.transition, verifications.transition",
     "transition.guarded_update": "transition.apply_transition",
     "transition.record": "transition.apply_transition, enqueue, verifications.create",
+    "attachments.store": "enqueue.enqueue",
 }
 
 
