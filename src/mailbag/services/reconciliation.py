@@ -49,14 +49,24 @@ def own_sighting(message: Message, sightings: Sequence[Sighting]) -> Sighting | 
     """The first record that is this message's own: it names this message's id and, when
     it names a recipient, this message's recipient. A lookup by recipient or by
     Message-ID can return other messages' records; they prove nothing about this one."""
-    recipient = ascii_address(message.to_address).casefold()
     for sighting in sightings:
         if sighting.message_id != message.id:
             continue
-        if sighting.recipient is not None and sighting.recipient.casefold() != recipient:
+        if sighting.recipient is not None and own_recipient(message, sighting.recipient) is None:
             continue
         return sighting
     return None
+
+
+def own_recipient(message: Message, named: str | None) -> str | None:
+    """The recipient of this message (To, Cc or Bcc) that an event or record names; when it
+    names none, the message's only recipient. None: it names someone else, or it names
+    nobody and the message had several recipients, so it cannot say whose it is."""
+    envelope = message.all_recipients.envelope
+    if named is None:
+        return envelope[0] if len(envelope) == 1 else None
+    wanted = ascii_address(named).casefold()
+    return next((r for r in envelope if ascii_address(r).casefold() == wanted), None)
 
 
 @dataclass
@@ -137,14 +147,20 @@ async def ingest(engine: AsyncEngine, events: Sequence[ProviderEvent], now: date
                     provider_message_id=event.provider_message_id,
                 )
                 continue
-            if suppresses(event) and await tx.run(
-                suppression_store.add(
-                    tenant_id=message.tenant_id,
-                    email=message.to_address,
-                    reason="complaint" if event.kind is EventKind.COMPLAINED else "hard_bounce",
-                    detail=event.detail,
-                    source_event_id=stored.id,
-                    now=now,
+            # A bounce or complaint suppresses the recipient it is about, whichever it was.
+            recipient = own_recipient(message, event.recipient)
+            if (
+                suppresses(event)
+                and recipient is not None
+                and await tx.run(
+                    suppression_store.add(
+                        tenant_id=message.tenant_id,
+                        email=recipient,
+                        reason="complaint" if event.kind is EventKind.COMPLAINED else "hard_bounce",
+                        detail=event.detail,
+                        source_event_id=stored.id,
+                        now=now,
+                    )
                 )
             ):
                 report.suppressed += 1
