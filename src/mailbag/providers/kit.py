@@ -16,9 +16,12 @@ Rules kept here, once:
   Today that is a non-ASCII local part for a provider without SMTPUTF8
   (`ascii_envelope_address`).
   What each provider carries of an `OutgoingEmail`: smtp, ses and file send our MIME
-  (addresses, names, subject, both bodies, headers, Message-ID), brevo the same as JSON
+  (addresses and names of From, To, Cc and Reply-To, subject, both bodies, attachments
+  and inline images, List-Unsubscribe, headers, Message-ID), brevo the same as JSON
   fields; `tags` are mailbag's own labels (stored and shown with the message), which brevo
-  also sends as its tags.
+  also sends as its tags. Bcc is envelope only on every provider, in no header: smtp's
+  RCPT TO, ses's Destination, brevo's `bcc` field, file's `.envelope.json`, console's
+  "envelope only" line.
 """
 
 from __future__ import annotations

@@ -239,7 +239,13 @@ class SESProvider(SendOneByOne):
         request: dict[str, Any] = {
             # SES takes ASCII envelope addresses only: it documents no SMTPUTF8 support.
             "FromEmailAddress": ascii_envelope_address("ses", email.from_email),
-            "Destination": {"ToAddresses": [ascii_envelope_address("ses", email.to_email)]},
+            # Every envelope recipient as a To destination: SES delivers to the Destination
+            # and leaves the raw headers alone, so Cc shows as written and Bcc nowhere.
+            "Destination": {
+                "ToAddresses": [
+                    ascii_envelope_address("ses", address) for address in email.envelope_recipients
+                ]
+            },
             "Content": {"Raw": {"Data": email.raw}},
             "EmailTags": tags,
         }

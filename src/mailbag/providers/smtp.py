@@ -34,6 +34,7 @@ import logging
 import re
 import socket
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -134,6 +135,11 @@ Every other ending is (phase, kind of failure) looked up here:
 - MAIL FROM, RCPT TO, the DATA command: 4xx Deferred, 5xx Rejected, 530 Disabled; a
   timeout or lost connection Deferred (no content was sent); an address that needs
   SMTPUTF8 when the server lacks it Rejected.
+- RCPT TO is sent for every envelope recipient (To, Cc, Bcc) in the one transaction. When
+  the server refuses some and takes others, the message goes to those it took: Accepted,
+  the refused ones logged (a retry would duplicate the email for everyone else). When it
+  refuses all of them, that is the RCPT TO failure: with several, the most hopeful reply
+  decides (530 before any 4xx before 5xx), and the text lists every recipient's reply.
 - CONTENT, after the message bytes started to leave: 4xx Deferred and 5xx Rejected (the
   server answered), 530 Disabled (answered, so not delivered); anything without a reply
   -- timeout, lost connection, TLS error, a garbled reply -- Ambiguous.
@@ -219,18 +225,27 @@ class Envelope:
     """What goes on the wire for one email, prepared before any connection is touched."""
 
     sender: str
-    recipient: str
+    recipients: tuple[str, ...]  # To, Cc and Bcc: Bcc travels only here
     content: bytes
     needs_smtputf8: bool
 
     @classmethod
     def of(cls, email: OutgoingEmail) -> Envelope:
-        sender, sender_utf8 = envelope_address(email.from_email)
-        recipient, recipient_utf8 = envelope_address(email.to_email)
-        needs_smtputf8 = sender_utf8 or recipient_utf8
-        # An internationalized mailbox must appear in the headers as UTF-8 too (RFC 6532).
+        sender, _ = envelope_address(email.from_email)
+        recipients = tuple(envelope_address(r)[0] for r in email.envelope_recipients)
+        # Any address with a non-ASCII local part, in the envelope or in a header (Reply-To
+        # too), needs SMTPUTF8, and the headers in UTF-8 (RFC 6532).
+        needs_smtputf8 = email.needs_smtputf8
         content = email.raw_utf8 if needs_smtputf8 else email.raw
-        return cls(sender, recipient, _dot_stuffed(content), needs_smtputf8)
+        return cls(sender, recipients, _dot_stuffed(content), needs_smtputf8)
+
+
+class Delivered(NamedTuple):
+    """The server's final reply, and the recipients it refused at RCPT TO while taking
+    the message for the others."""
+
+    reply: SMTPResponse
+    refused: tuple[str, ...] = ()
 
 
 @dataclass(eq=False)
@@ -298,12 +313,20 @@ class SMTPProvider(SendOneByOne):
             return self._outcome(StepFailed.from_exception(Phase.PREPARE, exc))
         async with self._slots:
             try:
-                reply = await self._send_over_pool(envelope)
+                delivered = await self._send_over_pool(envelope)
             except StepFailed as failed:
                 return self._outcome(failed)
-        return Accepted(provider_message_id=provider_message_id(reply.message, email))
+        if delivered.refused:
+            # Accepted has no field for it: the operator sees it in the log. The message
+            # went to everyone else, so it is sent; a retry would duplicate it for them.
+            log.warning(
+                "smtp: message %s accepted, but not for %s",
+                email.message_id,
+                scrub("; ".join(delivered.refused), *self._secrets),
+            )
+        return Accepted(provider_message_id=provider_message_id(delivered.reply.message, email))
 
-    async def _send_over_pool(self, envelope: Envelope) -> SMTPResponse:
+    async def _send_over_pool(self, envelope: Envelope) -> Delivered:
         connection = await self._checkout()
         try:
             return await self._transact(connection, envelope)
@@ -314,10 +337,10 @@ class SMTPProvider(SendOneByOne):
         # Only MAIL FROM had been sent, and it was not accepted: nothing to duplicate.
         return await self._transact(await self._open(), envelope)
 
-    async def _transact(self, connection: Connection, envelope: Envelope) -> SMTPResponse:
+    async def _transact(self, connection: Connection, envelope: Envelope) -> Delivered:
         """One mail transaction; hands the connection back to the pool or closes it."""
         try:
-            reply = await self._deliver(connection.client, envelope)
+            delivered = await self._deliver(connection.client, envelope)
         except StepFailed as failed:
             connection.needs_reset = True
             self._checkin(connection, healthy=failed.is_reply)
@@ -326,10 +349,12 @@ class SMTPProvider(SendOneByOne):
             connection.client.close()
             raise
         self._checkin(connection, healthy=True)
-        return reply
+        return delivered
 
-    async def _deliver(self, client: SMTP, envelope: Envelope) -> SMTPResponse:
-        """MAIL FROM, RCPT TO, DATA, content: the final reply, or StepFailed naming the phase."""
+    async def _deliver(self, client: SMTP, envelope: Envelope) -> Delivered:
+        """MAIL FROM, RCPT TO for each recipient, DATA, content: the final reply, or
+        StepFailed naming the phase. Recipients the server refuses are left out while it
+        takes at least one; if it refuses them all, that is the RCPT TO failure."""
         phase = Phase.MAIL
         try:
             options = []
@@ -346,7 +371,7 @@ class SMTPProvider(SendOneByOne):
             encoding = "utf-8" if envelope.needs_smtputf8 else "ascii"
             await client.mail(envelope.sender, options=options, encoding=encoding)
             phase = Phase.RCPT
-            await client.rcpt(envelope.recipient, encoding=encoding)
+            refused = await _recipients(client, envelope.recipients, encoding)
             phase = Phase.DATA
             start = await client.execute_command(b"DATA")
             if start.code != REPLY_START_INPUT:
@@ -357,7 +382,7 @@ class SMTPProvider(SendOneByOne):
             final = await _final_reply(client, self._timeout)
             if final.code != REPLY_COMPLETED:
                 raise SMTPResponseException(final.code, final.message)
-            return final
+            return Delivered(final, refused)
         except Exception as exc:
             raise StepFailed.from_exception(phase, exc) from exc
 
@@ -508,6 +533,32 @@ async def _greet(client: SMTP) -> None:
         if not client.is_connected:
             raise
         await client.helo()
+
+
+async def _recipients(client: SMTP, recipients: Sequence[str], encoding: str) -> tuple[str, ...]:
+    """RCPT TO for each recipient, in one transaction. Returns the refused ones ("address:
+    reply") when the server took some; raises when it took none: the one refusal as it is,
+    or for several the most hopeful (530 before 4xx before 5xx) with every reply in it."""
+    refusals: list[tuple[str, SMTPResponseException]] = []
+    for recipient in recipients:
+        try:
+            await client.rcpt(recipient, encoding=encoding)
+        except SMTPResponseException as exc:
+            if exc.code == REPLY_SERVICE_CLOSING or not client.is_connected:
+                raise  # the session is over, not just this recipient
+            refusals.append((recipient, exc))
+    texts = tuple(f"{recipient}: {_detail(exc)}" for recipient, exc in refusals)
+    if len(refusals) < len(recipients):
+        return texts
+    if len(refusals) == 1:
+        raise refusals[0][1]
+    codes = [exc.code for _, exc in refusals]
+    code = (
+        REPLY_ACCESS_DENIED
+        if REPLY_ACCESS_DENIED in codes
+        else min(codes, key=lambda c: (c >= 500, c))
+    )
+    raise SMTPResponseException(code, "every recipient refused: " + "; ".join(texts))
 
 
 # aiosmtplib's `data()` sends the DATA command and the content in one call, so a failure
