@@ -202,3 +202,28 @@ def test_expiry_and_priority() -> None:
     assert new_message(to="a@example.com", template="w").priority is Priority.NORMAL
     assert head_start(Priority.HIGH) == HEAD_START and head_start(Priority.LOW) == -HEAD_START
     assert Priority.named("low").label == "low"
+
+
+def test_what_the_provider_cannot_carry_is_refused_at_enqueue() -> None:
+    brevo_like = Limits(
+        max_reply_to=1, attachment_extensions=frozenset({"pdf", "png"}), provider="brevo"
+    )
+    two_replies = {"reply_to": ["a@example.com", "b@example.com"]}
+    assert "brevo" in refused(**ready(**two_replies), limits=brevo_like)["reply_to"]
+    assert new_message(**ready(**two_replies))  # no provider restriction: fine
+    exe = Attachment("setup.exe", "application/octet-stream", b"MZ")
+    assert "(exe)" in refused(**ready(attachments=[exe]), limits=brevo_like)["attachments"]
+    pdf = Attachment("Invoice.PDF", "application/pdf", PDF)
+    assert new_message(**ready(attachments=[pdf]), limits=brevo_like).attachments == (pdf,)
+
+
+def test_the_limits_come_from_the_settings_and_the_configured_provider() -> None:
+    from mailbag.providers.base import message_limits
+    from mailbag.providers.brevo import ATTACHMENT_EXTENSIONS
+    from mailbag.settings import Settings
+
+    brevo = message_limits(Settings(provider="brevo", max_recipients=7))
+    assert (brevo.max_recipients, brevo.max_reply_to) == (7, 1)
+    assert brevo.attachment_extensions == ATTACHMENT_EXTENSIONS
+    smtp = message_limits(Settings(provider="smtp", smtp_host="localhost"))
+    assert smtp.max_reply_to is None and smtp.attachment_extensions is None

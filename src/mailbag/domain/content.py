@@ -145,6 +145,23 @@ class Limits:
     max_attachment_bytes: int = 10 * MIB
     max_message_bytes: int = 10 * MIB  # attachments and bodies together, before encoding
     max_attachments: int = 20
+    # What the configured provider cannot carry (its class declares it; see
+    # providers.base.message_limits), refused at enqueue rather than failed at send time.
+    max_reply_to: int | None = None
+    attachment_extensions: frozenset[str] | None = None  # lower case, without the dot
+    provider: str | None = None  # only names the provider in error texts
+
+    def extension_problem(self, filename: str) -> str | None:
+        if self.attachment_extensions is None:
+            return None
+        extension = filename.rpartition(".")[2].lower() if "." in filename else ""
+        if extension in self.attachment_extensions:
+            return None
+        return (
+            f"has a file extension ({extension or 'none'}) the configured provider "
+            f"({self.provider}) does not accept; it takes "
+            + ", ".join(sorted(self.attachment_extensions))
+        )
 
 
 class Priority(IntEnum):

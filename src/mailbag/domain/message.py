@@ -311,6 +311,11 @@ def new_message(
             f"{limits.max_recipients}"
         )
     replies = _addresses("reply_to", reply_to, errors, address_rules)
+    if limits.max_reply_to is not None and len(replies) > limits.max_reply_to:
+        errors["reply_to"] = (
+            f"the configured provider ({limits.provider}) takes at most "
+            f"{limits.max_reply_to} Reply-To address(es)"
+        )
     sender = (
         _address("from", from_address, errors, address_rules) if from_address is not None else None
     )
@@ -514,6 +519,9 @@ def _attachments(
                 f"{where}.filename must be 1 to {FILENAME_MAX} characters, with no path "
                 "separator and no control characters"
             )
+            return ()
+        if (problem := limits.extension_problem(item.filename)) is not None:
+            errors["attachments"] = f"{where}.filename {problem}"
             return ()
         if (problem := content_type_problem(item.content_type)) is not None:
             errors["attachments"] = f"{where}.content_type {problem}"

@@ -31,6 +31,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol, get_type_hints, runtime_checkable
 
 from mailbag.compose import OutgoingEmail
+from mailbag.domain.content import Limits
 from mailbag.domain.delivery import SendOutcome
 from mailbag.domain.message import AddressRules
 
@@ -84,22 +85,40 @@ def address_rules(settings: Settings) -> AddressRules:
     ALLOW_TEST_DOMAINS says (unset: only with a local provider), a non-ASCII local part
     only if the configured provider declares it can carry one. The provider is not
     created: its class is read from its factory (see `_built_by`)."""
-    from mailbag import providers  # the registry imports this module
-
     allow = settings.allow_test_domains
     if allow is None:
         allow = settings.provider in LOCAL_PROVIDERS
+    return AddressRules(
+        allow_test_domains=allow,
+        utf8_local_part=supports_utf8_local_part(_provider_class(settings)),
+        provider=settings.provider,
+    )
+
+
+def message_limits(settings: Settings) -> Limits:
+    """How much one message may carry with these settings: the sizes they set, and what
+    the configured provider's class declares it cannot carry (optional attributes
+    `max_reply_to: int` and `attachment_extensions: frozenset[str]`)."""
+    declared = _provider_class(settings)
+    return Limits(
+        max_recipients=settings.max_recipients,
+        max_attachment_bytes=settings.max_attachment_bytes,
+        max_message_bytes=settings.max_message_bytes,
+        max_reply_to=getattr(declared, "max_reply_to", None),
+        attachment_extensions=getattr(declared, "attachment_extensions", None),
+        provider=settings.provider,
+    )
+
+
+def _provider_class(settings: Settings) -> object:
+    """The configured provider's class, read from its factory; None if there is none."""
+    from mailbag import providers  # the registry imports this module
+
     try:
         factory = providers.factory_for(settings.provider)
     except providers.UnknownProvider:
-        declared: object = None
-    else:
-        declared = _built_by(factory)
-    return AddressRules(
-        allow_test_domains=allow,
-        utf8_local_part=supports_utf8_local_part(declared),
-        provider=settings.provider,
-    )
+        return None
+    return _built_by(factory)
 
 
 def _built_by(factory: object) -> object:

@@ -380,6 +380,9 @@ class BrevoProvider:
     max_batch_size = MAX_VERSIONS_PER_CALL
     idempotency_window: timedelta | None = IDEMPOTENCY_WINDOW
     supports_utf8_local_part = False  # its schema's `format: email` is ASCII only
+    # Refused at enqueue (providers.base.message_limits), not only at send time.
+    max_reply_to = 1  # its replyTo is one object
+    attachment_extensions = ATTACHMENT_EXTENSIONS
 
     def __init__(
         self,
