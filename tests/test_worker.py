@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from mailbag import providers
+from mailbag.domain.content import Attachment
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected
 from mailbag.domain.message import new_message
 from mailbag.domain.policy import RetryPolicy
@@ -409,3 +412,63 @@ async def test_any_dead_helper_stops_the_worker_a_periodic_job_too(db, async_eng
     failure = await run_until_it_fails(worker)
     assert "reconciled" in str(failure) and isinstance(failure.__cause__, ValueError)
     assert worker.side_tasks.tasks == {}  # every other helper was stopped too
+
+
+# --- what a message can carry ---------------------------------------------------------
+
+PDF = Attachment("invoice.pdf", "application/pdf", b"%PDF-1.4\n" + bytes(range(256)), None)
+
+
+def statements_reading_attachment_bytes(async_engine: Any) -> list[str]:
+    """Every statement the engine runs from now on that reads attachments' bytes."""
+    seen: list[str] = []
+
+    @event.listens_for(async_engine.sync_engine, "before_cursor_execute")
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if re.search(r"\battachments\.content\b", statement):
+            seen.append(statement)
+
+    return seen
+
+
+async def test_attachment_bytes_are_read_once_per_claim_and_never_for_plain_messages(
+    db, async_engine
+):
+    reads = statements_reading_attachment_bytes(async_engine)
+    enqueue(db, 3)
+    provider = MemoryProvider()
+    worker = make_worker(db, async_engine, provider, batch_size=10, concurrency=10)
+    await run_worker_until(worker, all_in(db, Status.SENT, total=3))
+    assert reads == []  # a plain message costs no statement more
+
+    templated = enqueue(db, 1, attachments=[PDF])
+    (ready_made,) = enqueue(
+        db,
+        1,
+        template=None,
+        data=None,
+        subject="Invoice",
+        html="<p>Attached</p>",
+        attachments=[PDF],
+    )
+    await run_worker_until(worker, all_in(db, Status.SENT, total=5))
+    assert len(reads) == 1  # both in one claim: one read, the shared PDF once
+    carrying = [e for e in provider.sent if e.attachments]
+    assert {e.message_id for e in carrying} == {templated[0], ready_made}
+    assert all(list(e.attachments) == [PDF] for e in carrying)
+    email = next(e for e in carrying if e.message_id == ready_made)
+    assert (email.subject, email.text.strip()) == ("Invoice", "Attached")  # no template
+
+
+async def test_an_expired_message_lapses_and_a_live_one_in_the_same_claim_is_sent(db, async_engine):
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    (expired,) = enqueue(db, 1, expires_at=past)
+    (live,) = enqueue(db, 1, expires_at=datetime.now(UTC) + timedelta(hours=1))
+    provider = MemoryProvider()
+    worker = make_worker(db, async_engine, provider, batch_size=10, concurrency=10)
+    await run_worker_until(worker, all_in(db, Status.SENT, Status.EXPIRED, total=2))
+    assert [e.message_id for e in provider.sent] == [live]
+    row = get(db, expired)
+    assert (row.status, row.attempt_count) == (Status.EXPIRED, 0)
+    assert row.last_error == f"expired before it could be sent (expires_at {past.isoformat()})"
+    assert worker.report.stats["lapse"] == 1
