@@ -150,3 +150,117 @@ def outgoing_email(i: int = 0, **overrides: Any) -> Any:
     }
     fields.update(overrides)
     return OutgoingEmail(**fields)
+
+
+# --- an email carrying everything (the issue's test message) --------------------------------
+
+
+def tiny_pdf() -> bytes:
+    """A minimal valid PDF (one empty page), its xref offsets computed, with bytes of every
+    kind in it: a binary comment line, as real PDFs have."""
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 72 72] >>",
+    ]
+    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)
+
+
+def tiny_png() -> bytes:
+    """A valid 1x1 red PNG."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)  # 1x1, 8-bit RGB
+    pixels = zlib.compress(b"\x00\xff\x00\x00")  # filter byte, then one red pixel
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    )
+
+
+LOGO_CID = "logo@mailbag.test"
+
+
+def full_email(i: int = 0, **overrides: Any) -> Any:
+    """An email with two To, one Cc, one Bcc, a Reply-To, a PDF attachment and an inline
+    PNG the HTML refers to as cid:, and an unsubscribe link."""
+    from mailbag.domain.content import Address, Attachment, Recipients
+
+    fields: dict[str, Any] = {
+        "recipients": Recipients(
+            to=(Address("ann@example.com", "Ann Ångström"), Address("bob@example.com")),
+            cc=(Address("carol@example.com", "Carol, CFO"),),
+            bcc=(Address("dave.hidden@example.com", "Dave Hidden"),),
+        ),
+        "reply_to": (Address("help@example.com", "Help Desk"),),
+        "subject": f"Your invoice {i}",
+        "html": f'<p>Invoice {i}</p><img src="cid:{LOGO_CID}" alt="logo">',
+        "text": f"Invoice {i}",
+        "attachments": (
+            Attachment("Rechnung März.pdf", "application/pdf", tiny_pdf()),
+            Attachment("logo.png", "image/png", tiny_png(), LOGO_CID),
+        ),
+        "unsubscribe_url": "https://example.com/unsubscribe?u=1",
+    }
+    fields.update(overrides)
+    return outgoing_email(i, **fields)
+
+
+def check_full_delivery(raw: bytes, sent: Any) -> None:
+    """What a server received for `full_email` is that email: To, Cc and Reply-To parse back
+    to the given mailboxes, no Bcc anywhere in the message, the attachment's bytes are the
+    same, and each cid: in the HTML names an inline part of the same multipart/related."""
+    import email.policy
+    import re
+    from email.parser import BytesParser
+
+    message = BytesParser(policy=email.policy.default).parsebytes(raw)
+
+    def mailboxes(header: str) -> list[tuple[str, str]]:
+        return [(a.display_name, a.addr_spec) for a in message[header].addresses]
+
+    def given(addresses: Any) -> list[tuple[str, str]]:
+        return [(a.name or "", a.address) for a in addresses]
+
+    assert mailboxes("To") == given(sent.recipients.to)
+    assert mailboxes("Cc") == given(sent.recipients.cc)
+    assert mailboxes("Reply-To") == given(sent.reply_to)
+    assert "Bcc" not in message
+    for hidden in sent.recipients.bcc:
+        assert hidden.address.encode() not in raw.lower()
+        assert (hidden.name or hidden.address).encode() not in raw
+    assert message.get_content_type() == "multipart/mixed"
+    regular = [a for a in sent.attachments if not a.inline]
+    found = [part for part in message.iter_attachments() if not part["Content-ID"]]
+    assert [(p.get_filename(), p.get_content_type()) for p in found] == [
+        (a.filename, a.content_type) for a in regular
+    ]
+    assert [p.get_content() for p in found] == [a.content for a in regular]
+    assert all(p.get_content_disposition() == "attachment" for p in found)
+    (related,) = [p for p in message.walk() if p.get_content_type() == "multipart/related"]
+    html = related.get_body(("html",))
+    assert html is not None
+    references = re.findall(r"cid:([^\"'\s>]+)", html.get_content())
+    assert references, "the HTML refers to an inline image"
+    inline = {str(p["Content-ID"]).strip("<>"): p for p in related.iter_parts() if p["Content-ID"]}
+    for reference in references:
+        part = inline[reference]
+        (attachment,) = [a for a in sent.attachments if a.content_id == reference]
+        assert part.get_content() == attachment.content
+        assert part.get_content_disposition() == "inline"

@@ -29,7 +29,7 @@ from mailbag.providers.smtp import (
 )
 from mailbag.settings import Settings
 
-from helpers import outgoing_email
+from helpers import check_full_delivery, full_email, outgoing_email
 from smtp_server import DROP, HANG, PASSWORD, USERNAME, RecordingSMTPServer
 
 ServerFactory = Callable[..., RecordingSMTPServer]
@@ -122,6 +122,98 @@ async def test_delivers_the_message_as_composed(
     text_part = parsed.get_body(("plain",))
     assert text_part is not None
     assert text_part.get_content().splitlines() == [".starts with a dot", "..and two", "last line"]
+
+
+async def test_every_recipient_is_in_the_envelope_and_bcc_in_no_header(
+    smtp_server: RecordingSMTPServer, make_provider: ProviderFactory
+) -> None:
+    sent = full_email(1)
+
+    outcome = await make_provider(smtp_server).send(sent)
+
+    assert isinstance(outcome, Accepted), outcome
+    [received] = smtp_server.arrived
+    # One transaction: RCPT TO for both To, the Cc and the Bcc.
+    assert received.rcpt_tos == (
+        "ann@example.com",
+        "bob@example.com",
+        "carol@example.com",
+        "dave.hidden@example.com",
+    )
+    check_full_delivery(received.raw, sent)
+
+
+async def test_a_bcc_with_a_non_ascii_local_part_needs_smtputf8(
+    smtp_server: RecordingSMTPServer, make_provider: ProviderFactory
+) -> None:
+    from mailbag.domain.content import Address, Recipients
+
+    sent = outgoing_email(
+        1,
+        recipients=Recipients(to=(Address("ann@example.com"),), bcc=(Address("zoë@example.com"),)),
+    )
+    assert sent.needs_smtputf8
+
+    assert isinstance(await make_provider(smtp_server).send(sent), Accepted)
+
+    [received] = smtp_server.arrived
+    assert received.rcpt_tos == ("ann@example.com", "zoë@example.com")
+    assert "zoë".encode() not in received.raw
+
+
+async def test_recipients_the_server_refuses_are_left_out_and_logged(
+    smtp_server: RecordingSMTPServer,
+    make_provider: ProviderFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    smtp_server.inject("rcpt", "550 5.1.1 No such user", recipient="carol@example.com")
+    smtp_server.inject("rcpt", "452 4.2.2 Mailbox full", recipient="dave.hidden@example.com")
+    sent = full_email(2)
+
+    with caplog.at_level("WARNING", logger="mailbag.providers.smtp"):
+        outcome = await make_provider(smtp_server).send(sent)
+
+    # Taken for the two To recipients: sent (a retry would send it to them twice).
+    assert isinstance(outcome, Accepted), outcome
+    [received] = smtp_server.arrived
+    assert received.rcpt_tos == ("ann@example.com", "bob@example.com")
+    assert "carol@example.com: 550 5.1.1 No such user" in caplog.text
+    assert "dave.hidden@example.com: 452 4.2.2 Mailbox full" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("replies", "expected"),
+    [
+        (("550 5.1.1 No such user", "550 5.1.1 No such user"), Rejected),
+        (("550 5.1.1 No such user", "451 4.3.0 Try again later"), Deferred),
+        (("550 5.1.1 No such user", "530 5.7.0 Authentication required"), Disabled),
+    ],
+)
+async def test_when_every_recipient_is_refused_the_most_hopeful_reply_decides(
+    smtp_server: RecordingSMTPServer,
+    make_provider: ProviderFactory,
+    replies: tuple[str, str],
+    expected: type,
+) -> None:
+    from mailbag.domain.content import Address, Recipients
+
+    sent = outgoing_email(
+        3,
+        recipients=Recipients(to=(Address("ann@example.com"),), cc=(Address("bob@example.com"),)),
+    )
+    smtp_server.inject("rcpt", replies[0], recipient="ann@example.com")
+    smtp_server.inject("rcpt", replies[1], recipient="bob@example.com")
+    provider = make_provider(smtp_server)
+
+    outcome = await provider.send(sent)
+
+    assert type(outcome) is expected, outcome
+    text = str(outcome)
+    assert "ann@example.com: " + replies[0] in text and "bob@example.com: " + replies[1] in text
+    assert smtp_server.arrived == []  # no DATA: nothing was sent
+    # The connection was reset and serves the next email.
+    assert isinstance(await provider.send(outgoing_email(4)), Accepted)
+    assert smtp_server.connections_opened == 1
 
 
 async def test_without_a_queue_id_in_the_reply_the_message_id_identifies_it(
