@@ -87,6 +87,7 @@ FOLLOWS: dict[Status, VAction] = {
     Status.SENT: VA.MESSAGE_SENT,
     Status.FAILED: VA.MESSAGE_FAILED,
     Status.DEAD: VA.MESSAGE_FAILED,
+    Status.EXPIRED: VA.MESSAGE_FAILED,  # not sent in time: as failed, for the verification
     Status.PENDING: VA.MESSAGE_REQUEUED,
 }
 
