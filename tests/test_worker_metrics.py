@@ -89,6 +89,7 @@ async def test_worker_metrics_are_open_without_a_token(tmp_path):
         response = await client.get(url)
     assert response.status_code == 200
     assert "mailbag_claim_seconds" in response.text
+    assert "# TYPE mailbag_messages_expired_total counter" in response.text
 
 
 async def test_the_worker_stops_serving_metrics_when_it_stops(tmp_path):

@@ -27,6 +27,8 @@ Failure handling, in short:
   restarts it: never a half-alive worker whose leases outlive its writer;
 - a provider that reports itself disabled gets its messages released (no attempt spent)
   and the whole worker pauses claiming for a while;
+- a claimed message whose expires_at has come is finalized `expired` (Action.LAPSE),
+  never sent, and frees its slot like any decided message;
 - SIGTERM/SIGINT: stop claiming, let sends in flight finish within the grace period,
   finalize them, release what had not started, and return.
 """
