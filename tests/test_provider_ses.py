@@ -39,7 +39,7 @@ from mailbag.providers import create
 from mailbag.providers.ses import MESSAGE_ID_TAG, TENANT_ID_TAG, SESProvider, outcome_for
 from mailbag.settings import Settings
 
-from helpers import outgoing_email
+from helpers import check_full_delivery, full_email, outgoing_email
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -179,6 +179,33 @@ async def test_sends_our_raw_mime_with_its_message_id_recipient_and_tags(
         {"Name": MESSAGE_ID_TAG, "Value": str(sent.message_id)},
         {"Name": TENANT_ID_TAG, "Value": "acme-eu_1"},
     ]
+
+
+async def test_every_recipient_is_a_destination_and_bcc_is_in_no_header(
+    moto_url: str,
+    verified_sender: str,
+    moto_send_requests: list[dict[str, Any]],
+    make_provider: ProviderFactory,
+) -> None:
+    sent = full_email(1, from_email=verified_sender)
+
+    outcome = await make_provider(moto_url).send(sent)
+
+    assert isinstance(outcome, Accepted), outcome
+    (request,) = moto_send_requests
+    assert request["Destination"] == {"ToAddresses": sent.envelope_recipients}
+    assert sent.envelope_recipients == [
+        "ann@example.com",
+        "bob@example.com",
+        "carol@example.com",
+        "dave.hidden@example.com",
+    ]
+    # moto records the Destination and adds the header recipients to it: the Bcc is there
+    # only because the Destination carried it.
+    stored = moto_raw_message(outcome.provider_message_id)
+    assert "dave.hidden@example.com" in stored.destinations
+    assert stored.raw_data.encode("utf-8") == sent.raw
+    check_full_delivery(stored.raw_data.encode("utf-8"), sent)
 
 
 async def test_a_tenant_id_ses_cannot_carry_as_a_tag_is_left_out(
