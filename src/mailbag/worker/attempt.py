@@ -92,9 +92,8 @@ class Sender:
             if lapsed is not None:
                 progress.decided(message, None, lapsed)
                 continue
-            missing = [a.filename for a in message.attachments if a.sha256 not in contents]
-            if missing:  # the store keeps every referenced attachment: a bug, never a resend
-                self._decided(progress, message, Rejected(f"attachment {missing[0]!r} is missing"))
+            if message.attachments and (missing := self._missing(message, contents)):
+                self._decided(progress, message, Rejected(f"attachment {missing!r} is missing"))
                 continue
             try:
                 email = compose(
@@ -139,6 +138,12 @@ class Sender:
             outcomes = [Ambiguous(f"provider raised {describe(exc)}", keyed=False)] * len(emails)
         for message, outcome in zip(messages, outcomes, strict=True):
             self._decided(progress, message, outcome)
+
+    @staticmethod
+    def _missing(message: Message, contents: Mapping[str, bytes]) -> str | None:
+        """The first attachment whose bytes were not read (the store keeps every one a
+        message refers to, so this is a bug: the message fails, it is never resent)."""
+        return next((a.filename for a in message.attachments if a.sha256 not in contents), None)
 
     def _decided(self, progress: Progress, message: Message, outcome: SendOutcome) -> None:
         progress.decided(message, outcome, self.decide(message, outcome))
