@@ -230,6 +230,19 @@ def test_higher_priority_is_claimed_first_among_due_messages(db):
     assert [m.id for m in claim(db, limit=10).messages] == [high.id, normal.id, low.id]
 
 
+def test_claims_one_at_a_time_follow_the_claim_order_not_the_enqueue_order(db):
+    # Enqueued first, largest id last: MariaDB's claim once locked its window in id order,
+    # taking the high-priority message last.
+    stored = put(
+        db,
+        message(0, priority="low"),
+        *[message(i) for i in range(1, 6)],
+        message(6, priority="high"),
+    )
+    taken = [m.id for _ in stored for m in claim(db, limit=1).messages]
+    assert taken == [stored[-1].id, *[m.id for m in stored[1:-1]], stored[0].id]
+
+
 def test_a_stream_of_high_priority_mail_does_not_starve_a_low_one(db):
     (low,) = put(db, message(0, priority="low"))
     # High-priority messages keep arriving from just over 2 * HEAD_START later on.

@@ -13,8 +13,7 @@ WHERE outbox_messages.status IN ('pending', 'retrying') AND claimable_at <= :cla
 -- step 2
 SELECT outbox_messages.id, outbox_messages.status AS previous_state
 FROM outbox_messages FORCE INDEX (PRIMARY)
-WHERE outbox_messages.id IN (:id_1_1) AND outbox_messages.status IN ('pending', 'retrying') AND claimable_at <= :claimable_at_1 AND outbox_messages.next_attempt_at <= :next_attempt_at_1 ORDER BY outbox_messages.id
- LIMIT :param_1 FOR UPDATE SKIP LOCKED;
+WHERE outbox_messages.id IN (:id_1_1) AND outbox_messages.status IN ('pending', 'retrying') AND claimable_at <= :claimable_at_1 AND outbox_messages.next_attempt_at <= :next_attempt_at_1 ORDER BY outbox_messages.id FOR UPDATE SKIP LOCKED;
 
 -- step 3
 UPDATE outbox_messages SET status='processing', updated_at=:updated_at, claim_token=:claim_token, claimed_by=:claimed_by, claimed_at=:claimed_at, lease_expires_at=:lease_expires_at WHERE outbox_messages.id IN (:id_1_1);

@@ -12,8 +12,7 @@ WHERE outbox_messages.status IN ('processing') AND outbox_messages.lease_expires
 -- step 2
 SELECT outbox_messages.id, outbox_messages.status AS previous_state
 FROM outbox_messages FORCE INDEX (PRIMARY)
-WHERE outbox_messages.id IN (:id_1_1) AND outbox_messages.status IN ('processing') AND outbox_messages.lease_expires_at < :lease_expires_at_1 ORDER BY outbox_messages.id
- LIMIT :param_1 FOR UPDATE SKIP LOCKED;
+WHERE outbox_messages.id IN (:id_1_1) AND outbox_messages.status IN ('processing') AND outbox_messages.lease_expires_at < :lease_expires_at_1 ORDER BY outbox_messages.id FOR UPDATE SKIP LOCKED;
 
 -- step 3
 UPDATE outbox_messages SET status='unknown', attempt_count=(outbox_messages.attempt_count + :attempt_count_1), updated_at=:updated_at, claim_token=:claim_token, lease_expires_at=:lease_expires_at, last_error=:last_error WHERE outbox_messages.id IN (:id_1_1);

@@ -61,22 +61,31 @@ def _mysql_lockable(
     guard: ColumnElement[bool],
     order_by: Sequence[ColumnElement[Any]],
     limit: int,
-) -> Plan[Any]:
+) -> Plan[list[Row[Any]]]:
     """MariaDB's SKIP LOCKED through a secondary index keeps its locks on the index entries
     of rows it skipped, so two claimers can deadlock on each other's index entries. So:
-    read a window of due ids without locking, then lock among them by primary key only."""
+    read a window of due ids without locking, then lock among them by primary key only.
+
+    The window is in `order_by` order and the locks go to its head: chunk by chunk, each
+    chunk as large as what is still wanted, every unlocked row of a chunk is taken (so no
+    row is locked and then left out). Locking `ORDER BY id LIMIT n` over the whole window
+    would prefer the oldest ids (uuid7s: the first enqueued) to the window's order."""
     window = select(table.c.id).where(guard).limit(limit * MYSQL_WINDOW)
     if order_by:
         window = window.order_by(*order_by)
-    ids = (yield Step(window)).scalars().all()
-    return (
-        select(table.c.id, table.c[state].label("previous_state"))
-        .with_hint(table, "FORCE INDEX (PRIMARY)", "mysql")
-        .where(table.c.id.in_(ids or [None]), guard)
-        .order_by(table.c.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
+    ids = list((yield Step(window)).scalars().all())
+    picked: list[Row[Any]] = []
+    while ids and len(picked) < limit:
+        chunk, ids = ids[: limit - len(picked)], ids[limit - len(picked) :]
+        lock = (
+            select(table.c.id, table.c[state].label("previous_state"))
+            .with_hint(table, "FORCE INDEX (PRIMARY)", "mysql")
+            .where(table.c.id.in_(chunk), guard)
+            .order_by(table.c.id)
+            .with_for_update(skip_locked=True)
+        )
+        picked += (yield Step(lock)).all()
+    return picked
 
 
 def guarded_update(
@@ -124,10 +133,11 @@ def guarded_update(
         return [(row, row.previous_state) for row in rows]
 
     if dialect == "mysql" and skip_locked and limit is not None:
-        candidates = yield from _mysql_lockable(table, state, guard, order_by, limit)
-    elif dialect == "mysql":
-        candidates = candidates.with_for_update()
-    picked = (yield Step(candidates)).all()
+        picked = yield from _mysql_lockable(table, state, guard, order_by, limit)
+    else:
+        if dialect == "mysql":
+            candidates = candidates.with_for_update()
+        picked = list((yield Step(candidates)).all())
     if not picked:
         return []
     previous = {row.id: row.previous_state for row in picked}
