@@ -13,6 +13,8 @@ import asyncio
 import email.policy
 import email.utils
 import json
+import re
+import uuid
 from collections.abc import Iterator
 from email.header import decode_header, make_header
 from email.parser import BytesParser
@@ -22,8 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mailbag.compose import NeedsSMTPUTF8, OutgoingEmail
-from mailbag.domain.message import unsafe_text
+from mailbag.compose import NeedsSMTPUTF8, OutgoingEmail, check_renders
+from mailbag.domain.content import Address, Attachment, Recipients
+from mailbag.domain.message import InvalidMessage, new_message, unsafe_text
 from mailbag.providers.brevo import BrevoProvider, single_payload
 from mailbag.providers.file import FileProvider
 from mailbag.providers.ses import SESProvider
@@ -32,7 +35,7 @@ from mailbag.settings import Settings
 
 from brevo_server import BrevoServer
 from brevo_server import _validate_send as validate_brevo_send
-from helpers import outgoing_email
+from helpers import LOGO_CID, check_full_delivery, full_email, outgoing_email, tiny_pdf
 from smtp_server import RecordingSMTPServer
 
 INJECTION = "=?utf-8?q?Hello=0D=0AX-Injected:_yes?="
@@ -65,27 +68,51 @@ def rfc2047(value: str) -> str:
     return str(make_header(decode_header(value)))
 
 
-def display_name(raw: bytes, name: str) -> str:
-    """The display name of a mailbox header, decoded as RFC 2047 says (whitespace between
+# One mailbox of a header as we write it: a phrase (quoted-strings, encoded-words) and
+# <addr-spec>; neither an encoded-word nor our addr-spec holds "<" or ",".
+MAILBOX = re.compile(r'\s*((?:"(?:[^"\\]|\\.)*"|[^"<,])*?)\s*<([^<>]*)>\s*(?:,|$)')
+
+
+def display_names(raw: bytes, name: str) -> list[str]:
+    """The display names of a mailbox header, decoded as RFC 2047 says (whitespace between
     adjacent encoded-words is not text; the email package's phrase parser keeps it)."""
     value = raw_header(raw, name)
-    phrase = value.rpartition(" <")[0]
-    if phrase.startswith('"'):
-        return email.utils.parseaddr(value)[0]
-    return rfc2047(phrase)
+    names = []
+    for match in MAILBOX.finditer(value):
+        phrase = match.group(1)
+        if phrase.startswith('"'):
+            names.append(email.utils.parseaddr(match.group(0).rstrip(","))[0])
+        else:
+            names.append(rfc2047(phrase) if phrase else "")
+    assert "".join(m.group(0) for m in MAILBOX.finditer(value)) == value, value
+    return names
+
+
+def display_name(raw: bytes, name: str) -> str:
+    (found,) = display_names(raw, name)
+    return found
+
+
+def own_headers(sent: OutgoingEmail) -> list[str]:
+    names = ["From", "To"]
+    names += ["Cc"] if sent.recipients.cc else []
+    names += ["Reply-To"] if sent.reply_to else []
+    names += ["Subject", "Date", "Message-ID", "X-Mailbag-Message-ID"]
+    return names + list(sent.list_unsubscribe)
 
 
 def check(raw: bytes, sent: OutgoingEmail) -> None:
     """`raw` carries exactly the email's text: each header decodes to the given value, by
-    both decoders, and the headers are exactly ours plus the custom ones."""
+    both decoders, and the headers are exactly ours plus the custom ones; every mailbox,
+    attachment name and attachment byte comes back as given."""
     message = parsed(raw)
-    assert list(message.keys()) == OWN_HEADERS + list(sent.headers) + MIME_HEADERS
+    assert list(message.keys()) == own_headers(sent) + list(sent.headers) + MIME_HEADERS
     assert str(message["Subject"]) == sent.subject
     assert rfc2047(raw_header(raw, "Subject")) == sent.subject
     for name, value in sent.headers.items():
         assert str(message[name]) == value
         assert rfc2047(raw_header(raw, name)) == value
-    assert display_name(raw, "To") == (sent.to_name or "")
+    assert display_names(raw, "To") == [a.name or "" for a in sent.recipients.to]
     assert display_name(raw, "From") == (sent.from_name or "")
     if raw_header(raw, "To").startswith('"'):
         # A quoted-string: the email package's parser agrees. (Its phrase parser is not
@@ -94,14 +121,47 @@ def check(raw: bytes, sent: OutgoingEmail) -> None:
         assert message["To"].addresses[0].display_name == sent.to_name
     assert message["To"].addresses[0].addr_spec == sent.to_email
     assert message["Message-ID"] == sent.rfc_message_id
+    for header, mailboxes in (("Cc", sent.recipients.cc), ("Reply-To", sent.reply_to)):
+        if mailboxes:
+            assert display_names(raw, header) == [a.name or "" for a in mailboxes]
+            assert [a.addr_spec for a in message[header].addresses] == [
+                a.address for a in mailboxes
+            ]
     for subtype, body in (("plain", sent.text), ("html", sent.html)):
         part = message.get_body((subtype,))
         assert part is not None
         # Lines travel as CRLF (the canonical form of a text body).
         assert part.get_content().replace("\r\n", "\n") == body
+    parts = [p for p in message.walk() if p.get_content_disposition() in ("attachment", "inline")]
+    assert [(filename(p), p.get_content_type()) for p in parts] == [
+        (a.filename, a.content_type) for a in sorted(sent.attachments, key=lambda a: not a.inline)
+    ]
+    assert [p.get_content() for p in parts] == [
+        a.content for a in sorted(sent.attachments, key=lambda a: not a.inline)
+    ]
     for line in raw.split(b"\r\n"):
         assert len(line) <= 998
         assert b"\r" not in line and b"\n" not in line
+    check_boundaries(raw)
+
+
+def filename(part: email.message.EmailMessage) -> str | None:
+    """The attachment's filename parameter as written (`get_filename` strips whitespace)."""
+    value = part.get_param("filename", header="content-disposition")
+    return None if value is None else email.utils.collapse_rfc2231_value(value)
+
+
+def check_boundaries(raw: bytes) -> None:
+    """Each multipart level has its own boundary, none a prefix of another, and no line of
+    content starts like a delimiter."""
+    boundaries = re.findall(rb'boundary="([^"]+)"', raw)
+    assert len(set(boundaries)) == len(boundaries)
+    for a in boundaries:
+        for b in boundaries:
+            assert a == b or not b.startswith(a)
+    for line in raw.split(b"\r\n"):
+        if line.startswith(b"--"):
+            assert any(line in (b"--" + b, b"--" + b + b"--") for b in boundaries), line
 
 
 # --- the regressions the issue reported ---------------------------------------------------
@@ -163,6 +223,241 @@ def test_the_bytes_are_the_same_every_time_they_are_built() -> None:
     sent = outgoing_email(1, subject="Grüße")
     again = OutgoingEmail(**{k: getattr(sent, k) for k in sent.__dataclass_fields__})
     assert sent.raw == again.raw
+
+
+# --- what a message carries besides its text ----------------------------------------------
+
+# The committed (before issue 11) composer's bytes for this plain templated email.
+PLAIN_BEFORE = (
+    b'From: "Sender" <sender@example.com>\r\nTo: =?utf-8?b?Wm/DqyDDhW5nc3Ryw7Zt?= <user7@e'
+    b"xample.com>\r\nSubject: =?utf-8?q?Willkommen=2C_Zo=C3=AB_=E2=80=93_dein_Konto_ist_ber"
+    b"eit?=\r\nDate: Thu, 01 Jan 2026 12:00:00 +0000\r\nMessage-ID: <0190a1b2-c3d4-7e5f-8"
+    b"a9b-0c1d2e3f4a5b@example.com>\r\nX-Mailbag-Message-ID: 0190a1b2-c3d4-7e5f-8a9b-0c1d2"
+    b"e3f4a5b\r\nX-Campaign: spring\r\nList-Id: <news.example.com>\r\nMIME-Version: 1.0\r"
+    b'\nContent-Type: multipart/alternative;\r\n boundary="=_mailbag_0190a1b2c3d47e5f8a9b0'
+    b'c1d2e3f4a5b"\r\n\r\n--=_mailbag_0190a1b2c3d47e5f8a9b0c1d2e3f4a5b\r\nContent-Type: t'
+    b'ext/plain; charset="utf-8"\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\nH'
+    b"allo Zo=C3=AB,\r\n\r\ndein Konto ist bereit.\r\n\r\n--=_mailbag_0190a1b2c3d47e5f8a9"
+    b'b0c1d2e3f4a5b\r\nContent-Type: text/html; charset="utf-8"\r\nContent-Transfer-Enco'
+    b"ding: quoted-printable\r\n\r\n<p>Hallo Zo=C3=AB,</p>\r\n<p>dein Konto ist bereit. E"
+    b"ine sehr lange Zeile, die umgebrochen werden mus=\r\ns, weil quoted-printable h=C3=B6"
+    b"chstens 76 Zeichen erlaubt.</p>\r\n\r\n--=_mailbag_0190a1b2c3d47e5f8a9b0c1d2e3f4a5b-"
+    b"-\r\n"
+)
+
+
+def test_a_plain_templated_message_is_byte_for_byte_what_it_was() -> None:
+    sent = outgoing_email(
+        7,
+        message_id=uuid.UUID("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"),
+        subject="Willkommen, Zoë – dein Konto ist bereit",
+        to_name="Zoë Ångström",
+        headers={"X-Campaign": "spring", "List-Id": "<news.example.com>"},
+        html=(
+            "<p>Hallo Zoë,</p>\n<p>dein Konto ist bereit. Eine sehr lange Zeile, die umgebrochen "
+            "werden muss, weil quoted-printable höchstens 76 Zeichen erlaubt.</p>\n"
+        ),
+        text="Hallo Zoë,\n\ndein Konto ist bereit.\n",
+    )
+    assert sent.raw == PLAIN_BEFORE
+
+
+def test_an_email_with_everything_parses_back_to_what_was_given() -> None:
+    sent = full_email(1)
+    check_full_delivery(sent.raw, sent)
+    check(sent.raw, sent)
+    message = parsed(sent.raw)
+    # mixed( related( alternative(text, html), png ), pdf )
+    structure = [p.get_content_type() for p in message.walk()]
+    assert structure == [
+        "multipart/mixed",
+        "multipart/related",
+        "multipart/alternative",
+        "text/plain",
+        "text/html",
+        "image/png",
+        "application/pdf",
+    ]
+    (related,) = [p for p in message.walk() if p.get_content_type() == "multipart/related"]
+    assert related.get_param("type") == "multipart/alternative"
+    assert message.get_body(("html",))["Content-ID"] is None
+    png = next(p for p in message.walk() if p.get_content_type() == "image/png")
+    assert png["Content-ID"] == f"<{LOGO_CID}>"
+    # base64 in lines of 76 characters (RFC 2045), all but the last full.
+    pdf_lines = re.search(rb"filename\*=[^\r]+\r\n\r\n(.+?)\r\n--", sent.raw, re.S)
+    assert pdf_lines is not None
+    lines = pdf_lines.group(1).split(b"\r\n")
+    assert {len(line) for line in lines[:-1]} == {76} and 0 < len(lines[-1]) <= 76
+
+
+def test_the_checks_catch_a_bcc_header_and_a_changed_attachment() -> None:
+    sent = full_email(1)
+    with pytest.raises(AssertionError):
+        check_full_delivery(
+            sent.raw.replace(b"Subject:", b"Bcc: <dave.hidden@example.com>\r\nSubject:"), sent
+        )
+    pdf = tiny_pdf()
+    changed = full_email(
+        1,
+        message_id=sent.message_id,
+        attachments=(Attachment("Rechnung März.pdf", "application/pdf", pdf[:-1] + b"\n"),),
+    )
+    with pytest.raises((AssertionError, ValueError)):
+        check_full_delivery(changed.raw, sent)
+
+
+def test_inline_images_alone_make_a_related_message_and_text_alone_one_part() -> None:
+    png = full_email(2).attachments[1]
+    inline_only = full_email(2, attachments=(png,))
+    assert parsed(inline_only.raw).get_content_type() == "multipart/related"
+    check(inline_only.raw, inline_only)
+    text_only = outgoing_email(3, html="", text="Just text.\n")
+    message = parsed(text_only.raw)
+    assert message.get_content_type() == "text/plain"
+    assert message.get_content() == "Just text.\r\n"
+    pdf_only = outgoing_email(
+        4, html="", attachments=(Attachment("a.pdf", "application/pdf", tiny_pdf()),)
+    )
+    assert [p.get_content_type() for p in parsed(pdf_only.raw).walk()] == [
+        "multipart/mixed",
+        "text/plain",
+        "application/pdf",
+    ]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Rechnung März 2026.pdf",
+        'the "final" version.pdf',
+        "it's; a=b, c.pdf",
+        "=?utf-8?q?not=20encoded?=.pdf",
+        "  two  spaces .pdf",
+        "東京" * 100 + ".pdf",
+        "x" * 251 + ".pdf",
+        "%41 percent.pdf",
+    ],
+)
+def test_attachment_filenames_read_back_exactly(name: str) -> None:
+    sent = outgoing_email(1, attachments=(Attachment(name, "application/pdf", tiny_pdf()),))
+    check(sent.raw, sent)
+    (part,) = parsed(sent.raw).iter_attachments()
+    assert filename(part) == name
+    head = sent.raw.split(b"\r\n\r\n--", 1)[0]
+    assert all(len(line) <= 78 for line in sent.raw.split(b"\r\n") if b"filename" in line)
+    assert head.isascii()
+
+
+def test_a_non_ascii_and_a_quoted_filename_are_written_as_rfc_2231_and_a_quoted_string() -> None:
+    sent = outgoing_email(
+        1,
+        attachments=(
+            Attachment("März.pdf", "application/pdf", b"1"),
+            Attachment('a "b".pdf', "application/pdf", b"2"),
+        ),
+    )
+    assert b"filename*=utf-8''M%C3%A4rz.pdf" in sent.raw
+    assert b'filename="a \\"b\\".pdf"' in sent.raw
+
+
+def test_list_unsubscribe_headers_are_exactly_rfc_8058s() -> None:
+    sent = outgoing_email(
+        1,
+        unsubscribe_url="https://example.com/unsubscribe/opaque?u=1&l=2",
+        unsubscribe_mailto="unsubscribe@example.com",
+    )
+    assert raw_header(sent.raw, "List-Unsubscribe") == (
+        "<https://example.com/unsubscribe/opaque?u=1&l=2>, <mailto:unsubscribe@example.com>"
+    )
+    assert b"\r\nList-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n" in sent.raw
+    check(sent.raw, sent)
+    # Only a mailto: no one-click POST (RFC 8058 needs an HTTPS URI for that).
+    mailto = outgoing_email(2, unsubscribe_mailto="leave@example.com")
+    assert raw_header(mailto.raw, "List-Unsubscribe") == "<mailto:leave@example.com>"
+    assert "List-Unsubscribe-Post" not in parsed(mailto.raw)
+    # A URI is ASCII: a non-ASCII local part is percent-encoded, the domain in IDNA.
+    utf8 = outgoing_email(3, unsubscribe_mailto="zoë+leave@bücher.example")
+    assert raw_header(utf8.raw, "List-Unsubscribe") == (
+        "<mailto:zo%C3%AB+leave@xn--bcher-kva.example>"
+    )
+    assert "List-Unsubscribe" not in parsed(outgoing_email(4).raw)
+
+
+def test_a_very_long_unsubscribe_url_is_folded_inside_its_angle_brackets() -> None:
+    url = "https://example.com/u?token=" + "a" * 1970
+    sent = outgoing_email(1, unsubscribe_url=url)
+    assert all(len(line) <= 998 for line in sent.raw.split(b"\r\n"))
+    value = raw_header(sent.raw, "List-Unsubscribe")
+    # RFC 2369: whitespace inside the angle brackets is ignored.
+    assert re.sub(r"\s", "", value) == f"<{url}>"
+
+
+def test_several_mailboxes_are_folded_and_parse_back() -> None:
+    to = tuple(Address(f"user{n}@example.com", f"Ünïcode User {n}") for n in range(12))
+    cc = tuple(Address(f"cc{n}@example.com", f"Plain, Name {n}") for n in range(5))
+    sent = outgoing_email(
+        1,
+        recipients=Recipients(to=to, cc=cc, bcc=(Address("bcc@example.com"),)),
+        reply_to=(Address("a@example.com"), Address("b@example.com", "B")),
+    )
+    check(sent.raw, sent)
+    message = parsed(sent.raw)
+    assert [(a.display_name, a.addr_spec) for a in message["To"].addresses] == [
+        (a.name, a.address) for a in to
+    ]
+    assert [(a.display_name, a.addr_spec) for a in message["Cc"].addresses] == [
+        (a.name, a.address) for a in cc
+    ]
+    head = sent.raw.split(b"\r\n\r\n", 1)[0]
+    assert all(len(line) <= 78 for line in head.split(b"\r\n"))
+    assert b"bcc@example.com" not in sent.raw
+
+
+def test_the_fields_own_header_wins_over_a_custom_one_of_the_same_name() -> None:
+    sent = outgoing_email(
+        1, reply_to=(Address("field@example.com"),), headers={"Reply-To": "<custom@example.com>"}
+    )
+    (reply_to,) = parsed(sent.raw).get_all("Reply-To")
+    assert [a.addr_spec for a in reply_to.addresses] == ["field@example.com"]
+
+
+@pytest.mark.parametrize("role", ["cc", "bcc", "reply_to"])
+def test_a_non_ascii_local_part_anywhere_needs_smtputf8(role: str) -> None:
+    someone = (Address("zoë@example.com"),)
+    if role == "reply_to":
+        sent = outgoing_email(1, reply_to=someone)
+    else:
+        to = (Address("ann@example.com"),)
+        sent = outgoing_email(1, recipients=Recipients(to=to, **{role: someone}))
+    assert sent.needs_smtputf8
+    if role == "bcc":  # in no header: the ASCII form is still writable, just not sendable
+        assert "zoë".encode() not in sent.raw_utf8
+    else:
+        with pytest.raises(NeedsSMTPUTF8):
+            _ = sent.raw
+        assert "zoë@example.com".encode() in sent.raw_utf8
+
+
+def test_check_renders_refuses_a_template_that_refers_to_a_missing_cid(tmp_path: Any) -> None:
+    from mailbag.templates import Catalog
+
+    folder = tmp_path / "templates" / "logo"
+    folder.mkdir(parents=True)
+    (folder / "subject.txt").write_text("Hi")
+    (folder / "body.txt").write_text("Hi {{ name }}")
+    (folder / "body.html").write_text('<img src="cid:{{ cid }}"> Hi {{ name }}')
+    catalog = Catalog(tmp_path / "templates")
+    png = Attachment("logo.png", "image/png", b"png", "logo")
+    good = new_message(
+        to="a@example.com", template="logo", data={"name": "A", "cid": "logo"}, attachments=[png]
+    )
+    check_renders(good, catalog)
+    bad = new_message(
+        to="a@example.com", template="logo", data={"name": "A", "cid": "other"}, attachments=[png]
+    )
+    with pytest.raises(InvalidMessage) as refused:
+        check_renders(bad, catalog)
+    assert "cid:other" in refused.value.errors["html"]
 
 
 # --- round trips through every provider -------------------------------------------------
