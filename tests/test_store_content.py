@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from mailbag.domain.content import HEAD_START, Address, Attachment, Recipients
+from mailbag.domain.content import HEAD_START, Address, Attachment, Limits, Recipients
 from mailbag.domain.delivery import Decision
 from mailbag.domain.message import Filter, InvalidMessage, NewMessage
 from mailbag.domain.states import Action, Status
 from mailbag.services import maintenance
 from mailbag.store import attachments, dispatch, operator, senders, suppressions
 from mailbag.store import enqueue as enqueue_store
-from mailbag.store.plan import Plan, run
+from mailbag.store.plan import Plan, run, run_async
 from mailbag.store.schema import (
     attachments as attachments_table,
 )
@@ -93,6 +93,31 @@ def test_attachment_bytes_and_order_come_back_identical(db):
         assert run(conn, attachments.content(stored.id, 2)) is None
     (claimed,) = claim(db).messages
     assert claimed.attachments == read.attachments
+
+
+def test_an_attachment_at_the_size_limit_is_stored_whole(db):
+    # 10 MiB, the default limit: within MariaDB's default max_allowed_packet (16 MiB) even
+    # escaped, in one INSERT.
+    big = pdf("scan.pdf", os.urandom(Limits().max_attachment_bytes - 2048))
+    (stored,) = put(db, message(attachments=[big]))
+    with db.engine.connect() as conn:
+        assert run(conn, attachments.content(stored.id, 0)) == (big.ref, big.content)
+
+
+async def test_the_async_drivers_store_and_read_a_large_attachment_whole(db, async_engine):
+    # The API and the worker run on asyncmy, psycopg's async side and aiosqlite.
+    big = pdf("scan.pdf", os.urandom(Limits().max_message_bytes - len(PDF) - 2048))
+    async with async_engine.begin() as conn:
+        (result,) = await run_async(
+            conn,
+            enqueue_store.enqueue(
+                [message(attachments=[big, pdf()])], now=T0, default_max_attempts=5
+            ),
+        )
+    async with async_engine.connect() as conn:
+        found = await run_async(conn, attachments.contents([big.sha256, pdf().sha256]))
+        assert found == {big.sha256: big.content, pdf().sha256: PDF}
+    assert get(db, result.message.id).attachments == (big.ref, pdf().ref)
 
 
 def test_a_claim_of_plain_messages_carries_no_attachments(db):

@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, insert, select
+from sqlalchemy import and_, delete, exists, func, insert, select, update
 
 from mailbag.domain.content import Attachment, AttachmentRef
 from mailbag.store.plan import Plan, Step, current_dialect
@@ -71,10 +71,39 @@ def store(carried: Mapping[uuid.UUID, Sequence[Attachment]], *, now: datetime) -
         new_content = insert_into(dialect, at)
         if dialect == "mysql":
             new_content = new_content.on_duplicate_key_update(sha256=at.c.sha256)
+            yield from _in_pieces(new_content, missing)
         else:
             new_content = new_content.on_conflict_do_nothing(index_elements=[at.c.sha256])
-        yield Step(new_content, missing)
+            yield Step(new_content, missing)
     yield Step(insert(ma), links)
+
+
+# MariaDB takes a statement in one packet of at most max_allowed_packet (16 MiB by
+# default), and the driver sends bytes escaped, up to twice their size: larger contents go
+# in pieces of this many bytes.
+MYSQL_PIECE = 4 * 1024 * 1024
+
+
+def _in_pieces(new_content: Any, rows: list[dict[str, Any]]) -> Plan[None]:
+    """Insert contents on MariaDB, each larger one as its first piece and then appends.
+
+    An append applies only while the stored content is exactly as long as what came
+    before it, so a concurrent enqueue of the same bytes (its INSERT waited for this row,
+    then found it) appends nothing."""
+    small = [row for row in rows if len(row["content"]) <= MYSQL_PIECE]
+    if small:
+        yield Step(new_content, small)
+    for row in rows:
+        content = row["content"]
+        if len(content) <= MYSQL_PIECE:
+            continue
+        yield Step(new_content, {**row, "content": content[:MYSQL_PIECE]})
+        for offset in range(MYSQL_PIECE, len(content), MYSQL_PIECE):
+            yield Step(
+                update(at)
+                .where(at.c.sha256 == row["sha256"], func.length(at.c.content) == offset)
+                .values(content=func.concat(at.c.content, content[offset : offset + MYSQL_PIECE]))
+            )
 
 
 def refs(message_ids: Sequence[uuid.UUID]) -> Plan[dict[uuid.UUID, tuple[AttachmentRef, ...]]]:
