@@ -7,6 +7,8 @@ of each page lands in test-artifacts/console/ for a person to look at.
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 
 from api_helpers import settings_for
 from mailbag.api import create_app
+from mailbag.domain.content import Attachment
 from mailbag.domain.delivery import Decision
 from mailbag.domain.states import Action
 from servers import uvicorn_thread
@@ -34,6 +37,24 @@ LAUNCH_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+
+
+def png(width: int, height: int) -> bytes:
+    """A real PNG of width x height blue pixels, so the browser has an image to decode."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    rows = b"".join(b"\x00" + b"\x20\x40\xc0" * width for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
 
 
 def finished(db: Any, action: Action, at: datetime, **fields: Any) -> Any:
@@ -154,3 +175,80 @@ def test_an_operator_requeues_an_unknown_message_in_the_browser(db, chromium):
     assert get(db, unknown.id).status == "pending"
     for name in ("login", "overview", "messages", "detail", "confirmation", "suppressions"):
         assert (ARTIFACTS / f"{name}.png").stat().st_size > 0
+
+
+def log_in(page: Any, base: str, next_path: str) -> None:
+    page.goto(f"{base}/admin/login?next={next_path}")
+    page.fill("#password", PASSWORD)
+    page.click("button[type=submit]")
+    assert page.url == f"{base}{next_path}"
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_the_preview_shows_the_email_with_its_inline_images_and_nothing_remote(db, chromium):
+    now = datetime.now(UTC)
+    (templated,) = enqueue(db, 1, now=now, to="ada@example.com", data={"name": "Ada"})
+    (ready_made,) = enqueue(
+        db,
+        1,
+        now=now,
+        to="grace@example.com",
+        template=None,
+        data=None,
+        subject="Your invoice",
+        html=(
+            "<p>Invoice <b>INV-7</b> is attached.</p>"
+            '<img id="logo" alt="logo" src="cid:logo@acme">'
+            '<img id="pixel" alt="" src="https://tracker.invalid/open.png">'
+        ),
+        attachments=[
+            Attachment("logo.png", "image/png", png(3, 2), "logo@acme"),
+            Attachment("invoice.pdf", "application/pdf", b"%PDF-1.4 invoice"),
+        ],
+    )
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    app = create_app(settings_for(db, admin_password=PASSWORD))
+    with uvicorn_thread(app) as base:
+        # With scripts on too: then the console's CSP would report anything it blocks.
+        for scripts in (False, True):
+            context = chromium.new_context(
+                java_script_enabled=scripts, viewport={"width": 1280, "height": 900}
+            )
+            remote, problems = check_previews(context.new_page(), base, templated, ready_made)
+            # The tracking pixel is stopped in the browser by the policy: nothing went out.
+            assert all(why and "csp" in why.lower() for why in remote.values()), remote
+            # The only report is that blocked pixel: nothing of the console's own.
+            assert all("tracker.invalid" in text for text in problems), problems
+            context.close()
+
+
+def check_previews(
+    page: Any, base: str, templated: Any, ready_made: Any
+) -> tuple[dict[str, str | None], list[str]]:
+    """Both previews as the operator sees them. Returns the requests for anything not on
+    the console (with how each failed: a blocked one may still be reported as a request)
+    and the errors the page reported."""
+    page.set_default_timeout(10_000)
+    remote: dict[str, str | None] = {}
+
+    def failed(request: Any) -> None:
+        remote[request.url] = request.failure
+
+    page.on("request", lambda r: remote.setdefault(r.url, None) if base not in r.url else None)
+    page.on("requestfailed", lambda r: failed(r) if base not in r.url else None)
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+
+    log_in(page, base, f"/admin/messages/{templated.id}")
+    body = page.frame_locator("iframe.preview").locator("body").inner_text()
+    assert "Hello Ada," in body and "Welcome to mailbag" in body
+
+    page.goto(f"{base}/admin/messages/{ready_made.id}")
+    frame = page.frame_locator("iframe.preview")
+    assert "Invoice INV-7 is attached." in frame.locator("body").inner_text()
+    logo = frame.locator("img#logo")
+    assert logo.evaluate("img => img.complete && img.naturalWidth") == 3
+    assert logo.evaluate("img => img.naturalHeight") == 2
+    assert frame.locator("img#pixel").evaluate("img => img.naturalWidth") == 0
+    page.screenshot(path=str(ARTIFACTS / "preview.png"), full_page=True)
+    return remote, problems

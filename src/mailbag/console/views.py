@@ -7,10 +7,11 @@ from typing import Any
 
 from starlette.responses import Response
 
+from mailbag.console import attachments
 from mailbag.console.chart import sent_chart
 from mailbag.console.context import Console, ConsoleError
 from mailbag.console.forms import parse_filter, parse_id
-from mailbag.console.preview import preview, redacted_data
+from mailbag.console.preview import inline_images, preview, redacted_data
 from mailbag.domain.message import Message
 from mailbag.domain.states import Action, Status, sources
 
@@ -76,11 +77,12 @@ async def load_message(c: Console) -> tuple[Message, list[Any], list[Any]]:
 
 async def message(c: Console) -> Response:
     found, transitions, provider_events = await load_message(c)
+    images = await attachments.contents(c, inline_images(found))
     return c.page(
         "message.html",
         message=found,
         data=redacted_data(found),
-        preview=preview(found, c.services.catalog, c.services.settings, c.now()),
+        preview=preview(found, c.services.catalog, c.services.settings, c.now(), images),
         transitions=transitions,
         provider_events=provider_events,
         actions=actions_for(found.status),
