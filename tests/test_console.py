@@ -14,8 +14,11 @@ import httpx
 from sqlalchemy import select
 
 from api_helpers import api_client, new_tenant, settings_for
+from mailbag.domain.content import Attachment
 from mailbag.domain.delivery import Decision
 from mailbag.domain.states import Action
+from mailbag.store import senders
+from mailbag.store.plan import run
 from mailbag.store.schema import outbox_messages
 
 from helpers import claim, enqueue, events, finalize, get
@@ -274,6 +277,118 @@ async def test_a_verification_preview_never_shows_its_token(db):
         assert secret not in page.text and "[redacted]" in page.text
         assert "https://app.example/verify?verification_id=" in page.text  # the link's shape
         assert "reader@example.com" in page.text  # the rest of the email is there
+
+
+# --- what a message carries -----------------------------------------------------------------
+
+PDF = b"%PDF-1.4\n" + bytes(range(256)) * 40 + b"\n%%EOF\n"  # binary: bytes must survive as-is
+PAGE = b"<!doctype html><script>alert(document.cookie)</script>"
+LOGO = b"\x89PNG not really"
+
+
+def carrying(db: Any) -> Any:
+    """A ready-made message with every kind of recipient, a sender identity, expiry,
+    priority, an unsubscribe link and three attachments; one Cc is suppressed."""
+    with db.engine.begin() as conn:
+        run(conn, senders.add("default", "billing@acme.example", None, NOW))
+    (m,) = pending(
+        db,
+        to=[{"address": "ada@example.com", "name": "Ada Lovelace"}, "bob@example.com"],
+        cc=["carol@example.com", "gone@example.com"],
+        bcc=[{"address": "audit@acme.example", "name": "Audit"}],
+        reply_to={"address": "help@acme.example", "name": "Acme Help"},
+        from_address="billing@acme.example",
+        from_name="Acme Billing",
+        template=None,
+        data=None,
+        subject="Your invoice",
+        html='<p>Invoice attached.</p><img src="cid:logo">',
+        attachments=[
+            Attachment("Invoice 7.pdf", "application/pdf", PDF),
+            Attachment("logo.png", "image/png", LOGO, "logo"),
+            Attachment("page.html", "text/html", PAGE),
+        ],
+        priority="high",
+        expires_at=NOW + timedelta(days=2),
+        unsubscribe_url="https://acme.example/unsubscribe?u=7",
+    )
+    return m
+
+
+async def test_the_detail_page_shows_recipients_sender_and_attachments(db):
+    async with console(db) as client:
+        await act(client, "/admin/suppressions/add", tenant="default", email="gone@example.com")
+        m = carrying(db)
+        page = (await client.get(f"/admin/messages/{m.id}")).text
+    recipients = re.search(r'<table id="recipients">.*?</table>', page, re.S)
+    assert recipients
+    rows = [
+        [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in re.findall(r"<tr>(.*?)</tr>", recipients.group(0), re.S)
+    ]
+    assert [r for r in rows if r] == [
+        ["To", "ada@example.com", "Ada Lovelace"],
+        ["To", "bob@example.com", ""],
+        ["Cc", "carol@example.com", ""],
+        ["Bcc", "audit@acme.example", "Audit"],
+        ["Reply-To", "help@acme.example", "Acme Help"],
+    ]
+    assert re.search(r'id="suppressed">[^<]*<span class="mono">gone@example.com</span>', page)
+    assert "billing@acme.example (Acme Billing)" in page
+    assert ">ready-made<" in page and 'id="priority">high<' in page
+    assert (NOW + timedelta(days=2)).strftime("%Y-%m-%dT%H:%M:%SZ") in page
+    assert "https://acme.example/unsubscribe?u=7" in page
+    attachments = re.search(r'<table id="attachments">.*?</table>', page, re.S)
+    assert attachments
+    for position, (name, kind, size) in enumerate(
+        [
+            ("Invoice 7.pdf", "application/pdf", "10.0 KiB"),
+            ("logo.png", "image/png", f"{len(LOGO)} bytes"),
+            ("page.html", "text/html", f"{len(PAGE)} bytes"),
+        ]
+    ):
+        assert f"<td>{name}</td>" in attachments.group(0)
+        assert f">{kind}<" in attachments.group(0) and f">{size}<" in attachments.group(0)
+        assert f'href="/admin/messages/{m.id}/attachments/{position}"' in attachments.group(0)
+    assert ">cid:logo<" in attachments.group(0)
+
+
+async def test_an_operator_downloads_an_attachment_as_bytes_never_as_a_page(db):
+    m = carrying(db)
+    base = f"/admin/messages/{m.id}/attachments"
+    async with console(db, logged_in=False) as client:
+        away = await client.get(f"{base}/0")
+        assert away.status_code == 303 and away.headers["location"].startswith("/admin/login")
+        assert PDF not in away.content
+
+        await login(client)
+        pdf = await client.get(f"{base}/0")
+        assert pdf.status_code == 200 and pdf.content == PDF
+        assert pdf.headers["content-type"] == "application/pdf"
+        assert pdf.headers["content-disposition"] == (
+            "attachment; filename=\"Invoice 7.pdf\"; filename*=UTF-8''Invoice%207.pdf"
+        )
+        assert pdf.headers["x-content-type-options"] == "nosniff"
+        assert "sandbox" in pdf.headers["content-security-policy"]
+        assert pdf.headers["cache-control"] == "no-store"
+
+        # Uploaded HTML would run in the console's origin if it were served as HTML.
+        page = await client.get(f"{base}/2")
+        assert page.status_code == 200 and page.content == PAGE
+        assert page.headers["content-type"] == "application/octet-stream"
+        assert page.headers["content-disposition"].startswith('attachment; filename="page.html"')
+
+        for missing in (
+            f"{base}/3",
+            f"{base}/-1",
+            f"{base}/x",
+            f"{base}/99999",
+            f"/admin/messages/{uuid.uuid4()}/attachments/0",
+            "/admin/messages/not-an-id/attachments/0",
+        ):
+            refused = await client.get(missing)
+            assert refused.status_code == 404, missing
+            assert PDF not in refused.content
 
 
 # --- CSRF ----------------------------------------------------------------------------------

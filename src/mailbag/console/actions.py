@@ -48,7 +48,7 @@ def _message_details(message: Message) -> list[tuple[str, str]]:
         ("State", message.status),
         ("Tenant", message.tenant_id),
         ("To", message.to_address),
-        ("Template", message.template_name),
+        ("Template", message.template_name or "none (ready-made content)"),
         ("Attempts", f"{message.attempt_count} of {message.max_attempts}"),
         ("Last change", utc(message.updated_at)),
     ]

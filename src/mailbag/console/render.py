@@ -25,6 +25,12 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+# An attachment download: bytes to save, never a document of the console's origin (the
+# `sandbox` directive makes it an opaque origin even if a browser ever displayed it).
+DOWNLOAD_HEADERS = {
+    **SECURITY_HEADERS,
+    "Content-Security-Policy": "default-src 'none'; sandbox",
+}
 
 
 def utc(value: datetime | str | None) -> str:
@@ -54,6 +60,20 @@ def duration(seconds: float | None) -> str:
     return " ".join(parts)
 
 
+def size(n: int | None) -> str:
+    """A byte count as people read it (binary units, as the size limits are set)."""
+    if n is None:
+        return "—"
+    if n < 1024:
+        return f"{n} bytes"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
 def percent(ratio: float | None) -> str:
     return "—" if ratio is None else f"{ratio * 100:.1f}%"
 
@@ -69,7 +89,7 @@ _env = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_env.filters.update(utc=utc, duration=duration, percent=percent, as_json=as_json)
+_env.filters.update(utc=utc, duration=duration, percent=percent, as_json=as_json, size=size)
 
 
 def html(template: str, *, status: int = 200, **context: Any) -> HTMLResponse:

@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from mailbag.console import actions, auth, render, views
+from mailbag.console import actions, attachments, auth, render, views
 from mailbag.console.context import Console, ConsoleError, Handler
 from mailbag.console.forms import BadForm, read_form
 from mailbag.services.operations import NotAllowed
@@ -25,6 +25,7 @@ PAGES: list[tuple[str, Handler]] = [
     ("", views.overview),
     ("/messages", views.messages),
     ("/messages/{message_id}", views.message),
+    ("/messages/{message_id}/attachments/{position}", attachments.download),
     ("/suppressions", views.suppressions),
 ]
 ACTIONS: list[tuple[str, Handler]] = [

@@ -12,6 +12,7 @@ from mailbag.console.chart import sent_chart
 from mailbag.console.context import Console, ConsoleError
 from mailbag.console.forms import parse_filter, parse_id
 from mailbag.console.preview import inline_images, preview, redacted_data
+from mailbag.domain.content import Address, Priority
 from mailbag.domain.message import Message
 from mailbag.domain.states import Action, Status, sources
 
@@ -75,12 +76,28 @@ async def load_message(c: Console) -> tuple[Message, list[Any], list[Any]]:
     return found
 
 
+def recipients(message: Message) -> list[tuple[str, Address]]:
+    """Everyone the message names, with the header (or envelope, for Bcc) they are in."""
+    every = message.all_recipients
+    kinds = (("To", every.to), ("Cc", every.cc), ("Bcc", every.bcc), ("Reply-To", message.reply_to))
+    return [(kind, address) for kind, addresses in kinds for address in addresses]
+
+
+def priority_label(value: int) -> str:
+    try:
+        return Priority(value).label
+    except ValueError:  # not one the domain writes; show what is stored
+        return str(value)
+
+
 async def message(c: Console) -> Response:
     found, transitions, provider_events = await load_message(c)
     images = await attachments.contents(c, inline_images(found))
     return c.page(
         "message.html",
         message=found,
+        recipients=recipients(found),
+        priority=priority_label(found.priority),
         data=redacted_data(found),
         preview=preview(found, c.services.catalog, c.services.settings, c.now(), images),
         transitions=transitions,
