@@ -207,6 +207,29 @@ async def test_every_page_renders(db):
         assert (await client.get("/admin/messages?created_from=yesterday")).status_code == 400
 
 
+async def test_expired_messages_have_their_own_filter_and_count(db):
+    (lapsed,) = finished(db, Action.LAPSE, to="late@example.com")
+    (dead,) = finished(db, Action.BURY)
+    async with console(db) as client:
+        listing = await client.get("/admin/messages", params={"state": "expired"})
+        assert listing.status_code == 200
+        assert '<option value="expired" selected>' in listing.text
+        assert f'href="/admin/messages/{lapsed.id}"' in listing.text
+        assert str(dead.id) not in listing.text
+        assert "Requeue all matching" not in listing.text  # an expired message stays expired
+
+        overview = (await client.get("/admin")).text
+        header = re.search(r"<thead><tr>(.*?)</tr></thead>\s*<tbody><tr>(.*?)</tr>", overview, re.S)
+        assert header, "the overview counts messages by state"
+        states = re.findall(r"<th[^>]*>(\w+)</th>", header.group(1))
+        counts = re.findall(r">(\d+)</a></td>", header.group(2))
+        assert dict(zip(states, counts, strict=True))["expired"] == "1"
+
+        detail = (await client.get(f"/admin/messages/{lapsed.id}")).text
+        assert 'id="state">expired<' in detail
+        assert not re.findall(rf"/admin/messages/{lapsed.id}/(\w+)\"", detail)  # no action
+
+
 async def test_the_list_pages_with_a_cursor(db):
     made = pending(db, 60)
     async with console(db) as client:
