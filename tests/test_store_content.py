@@ -18,7 +18,7 @@ from mailbag.domain.delivery import Decision
 from mailbag.domain.message import Filter, InvalidMessage, NewMessage
 from mailbag.domain.states import Action, Status
 from mailbag.services import maintenance
-from mailbag.store import attachments, dispatch, operator, senders, suppressions
+from mailbag.store import attachments, dispatch, operator, senders, stats, suppressions
 from mailbag.store import enqueue as enqueue_store
 from mailbag.store.plan import Plan, run, run_async
 from mailbag.store.schema import (
@@ -276,6 +276,17 @@ def test_a_stream_of_high_priority_mail_does_not_starve_a_low_one(db):
     now = later + timedelta(seconds=30)
     assert [m.id for m in claim(db, now=now, limit=1).messages] == [low.id]
     assert len(claim(db, now=now, limit=10).messages) == 5
+
+
+def test_the_oldest_due_message_is_found_whatever_the_priorities(db):
+    with db.engine.connect() as conn:
+        assert run(conn, stats.oldest_due(T0)) is None
+    put(db, message(0, priority="high"), now=T0 + timedelta(minutes=8))
+    put(db, message(1, priority="low"), now=T0)  # claimed last of the three, waiting longest
+    put(db, message(2, priority="high", send_at=T0 + timedelta(hours=1)))  # not due
+    with db.engine.connect() as conn:
+        assert run(conn, stats.oldest_due(T0 + timedelta(minutes=9))) == T0
+        assert run(conn, stats.oldest_due(T0 - timedelta(minutes=1))) is None
 
 
 def test_a_high_priority_message_is_not_claimed_before_it_is_due(db):

@@ -3,6 +3,6 @@
 -- Written by `python -m mailbag.store.sqldocs` from the plan; do not edit.
 
 -- step 1
-SELECT min(outbox_messages.next_attempt_at) AS min_1
+SELECT min(outbox_messages.claim_order_at) AS min_1
 FROM outbox_messages
-WHERE outbox_messages.status IN (:status_1_1::VARCHAR, :status_1_2::VARCHAR) AND outbox_messages.next_attempt_at <= :next_attempt_at_1::TIMESTAMP WITH TIME ZONE;
+WHERE outbox_messages.status IN (:status_1_1::VARCHAR, :status_1_2::VARCHAR) AND outbox_messages.claim_order_at <= :claim_order_at_1::TIMESTAMP WITH TIME ZONE;

@@ -45,7 +45,7 @@ from mailbag.store.transition import EventSpec
 from mailbag.store.types import UTCDateTime
 
 # MariaDB's generated stand-in for the partial claim index (see schema.py).
-_MYSQL_CLAIMABLE_AT = literal_column("claimable_at", UTCDateTime())
+MYSQL_CLAIMABLE_AT = literal_column("claimable_at", UTCDateTime())
 
 LEASE_EXPIRED = "lease expired before the send was finalized; the provider may have accepted it"
 
@@ -99,7 +99,7 @@ def claim(
     """
     token = uuid.uuid4()
     dialect = yield from current_dialect()
-    order_at = _MYSQL_CLAIMABLE_AT if dialect == "mysql" else om.c.claim_order_at
+    order_at = MYSQL_CLAIMABLE_AT if dialect == "mysql" else om.c.claim_order_at
     due = and_(order_at <= now + HEAD_START, om.c.next_attempt_at <= now)
     order = (order_at, om.c.id)
     changed = yield from transition(

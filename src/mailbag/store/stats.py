@@ -7,20 +7,39 @@ from typing import Any
 
 from sqlalchemy import Row, func, select
 
+from mailbag.domain.content import HEAD_START
 from mailbag.domain.states import CLAIMABLE, Status
-from mailbag.store.plan import Plan, Step
+from mailbag.store.dispatch import MYSQL_CLAIMABLE_AT
+from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import message_events as me
 from mailbag.store.schema import outbox_messages as om
 
 
 def oldest_due(now: datetime) -> Plan[datetime | None]:
-    """When the longest-waiting claimable message became due (None: nothing is waiting)."""
+    """When the longest-waiting claimable message became due (None: nothing is waiting).
+
+    Read through the claim index, which is in claim order (due time less a head start of at
+    most HEAD_START either way): the longest-waiting message's claim order is within
+    2 * HEAD_START of the earliest one, so two short index ranges find it, however long
+    the queue."""
+    dialect = yield from current_dialect()
+    order_at = MYSQL_CLAIMABLE_AT if dialect == "mysql" else om.c.claim_order_at
+    claimable = om.c.status.in_([s.value for s in CLAIMABLE])
+    first = select(func.min(order_at)).where(claimable, order_at <= now + HEAD_START)
+    earliest = _as_datetime((yield Step(first)).scalar_one(), now)
+    if earliest is None:
+        return None
     query = select(func.min(om.c.next_attempt_at)).where(
-        om.c.status.in_([s.value for s in CLAIMABLE]), om.c.next_attempt_at <= now
+        claimable,
+        order_at <= earliest + 2 * HEAD_START,
+        om.c.next_attempt_at <= now,
     )
-    value = (yield Step(query)).scalar_one()
+    return _as_datetime((yield Step(query)).scalar_one(), now)
+
+
+def _as_datetime(value: Any, now: datetime) -> datetime | None:
     if isinstance(value, str):  # SQLite hands min() of a datetime back as text
-        value = datetime.fromisoformat(value).replace(tzinfo=now.tzinfo)
+        return datetime.fromisoformat(value).replace(tzinfo=now.tzinfo)
     return value  # type: ignore[no-any-return]
 
 
