@@ -3,6 +3,7 @@ every page, and every action with its confirmation step and audit event."""
 
 from __future__ import annotations
 
+import base64
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ import httpx
 from sqlalchemy import select
 
 from api_helpers import api_client, new_tenant, settings_for
+from mailbag.console.attachments import content_disposition
 from mailbag.domain.content import Attachment
 from mailbag.domain.delivery import Decision
 from mailbag.domain.states import Action
@@ -412,6 +414,46 @@ async def test_an_operator_downloads_an_attachment_as_bytes_never_as_a_page(db):
             refused = await client.get(missing)
             assert refused.status_code == 404, missing
             assert PDF not in refused.content
+
+
+async def test_a_plain_text_message_has_no_empty_preview(db):
+    (m,) = pending(db, template=None, data=None, subject="Note", text="Just words.\n")
+    async with console(db) as client:
+        page = (await client.get(f"/admin/messages/{m.id}")).text
+    assert "<iframe" not in page and 'id="no-html"' in page
+    assert "<pre>Just words.\n</pre>" in page
+
+
+async def test_the_preview_carries_inline_images_as_data_and_leaves_remote_ones(db):
+    m = carrying(db)
+    async with console(db) as client:
+        page = (await client.get(f"/admin/messages/{m.id}")).text
+    srcdoc = re.search(r'srcdoc="([^"]*)"', page)
+    assert srcdoc
+    logo = f"data:image/png;base64,{base64.b64encode(LOGO).decode()}"
+    assert f"&lt;img src=&#34;{logo}&#34;&gt;" in srcdoc.group(1)
+    assert "cid:" not in srcdoc.group(1)
+    # Neither the PDF nor the HTML attachment is part of the preview.
+    assert base64.b64encode(PDF[:60]).decode() not in page
+    assert base64.b64encode(PAGE).decode() not in page
+
+
+def test_a_download_is_named_safely_whatever_the_stored_name():
+    named = {
+        "Invoice 7.pdf": "attachment; filename=\"Invoice 7.pdf\"; filename*=UTF-8''Invoice%207.pdf",
+        "Rechnung März.pdf": (
+            "attachment; filename=\"Rechnung M_rz.pdf\"; filename*=UTF-8''Rechnung%20M%C3%A4rz.pdf"
+        ),
+        'say "hi"; x=1.txt': (
+            'attachment; filename="say _hi_; x=1.txt"; '
+            "filename*=UTF-8''say%20%22hi%22%3B%20x%3D1.txt"
+        ),
+        "../../etc/passwd": "attachment; filename=\"passwd\"; filename*=UTF-8''passwd",
+        "..\\boot.ini\r\n": "attachment; filename=\"boot.ini\"; filename*=UTF-8''boot.ini",
+        "...": "attachment; filename=\"attachment\"; filename*=UTF-8''attachment",
+    }
+    for stored, header in named.items():
+        assert content_disposition(stored) == header, stored
 
 
 # --- CSRF ----------------------------------------------------------------------------------
