@@ -22,6 +22,9 @@ class Accepted:
     """The provider took the message (SMTP 250 after DATA, HTTP 2xx with an id)."""
 
     provider_message_id: str
+    # Set when it took the message for some recipients only (SMTP refused the others at
+    # RCPT TO): which ones, and why. Kept as the sent message's last_error and event detail.
+    detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,9 @@ def decide(
     same attempt again; outside it, the message is `unknown` and waits for evidence.
     """
     if isinstance(outcome, Accepted):
-        return Decision(Action.MARK_SENT, provider_message_id=outcome.provider_message_id)
+        return Decision(
+            Action.MARK_SENT, error=outcome.detail, provider_message_id=outcome.provider_message_id
+        )
     if isinstance(outcome, Rejected):
         return Decision(Action.FAIL, error=outcome.error)
     if isinstance(outcome, Disabled):

@@ -701,6 +701,7 @@ class Message:
     unsubscribe_url: str | None = None
     unsubscribe_mailto: str | None = None
     suppressed: tuple[str, ...] = ()  # recipients dropped at enqueue: on the suppression list
+    attachment_count: int = 0
     # Not a column: read from message_attachments when asked for.
     attachments: tuple[AttachmentRef, ...] = ()
 

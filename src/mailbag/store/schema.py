@@ -131,6 +131,8 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         Column("unsubscribe_url", String(content.UNSUBSCRIBE_URL_MAX)),
         Column("unsubscribe_mailto", String(limits.ADDRESS_MAX)),
         Column("suppressed", json_type()),
+        # How many message_attachments rows it has: a claim reads them only when some do.
+        Column("attachment_count", SmallInteger, nullable=False, server_default="0"),
         CheckConstraint(STATUS_CHECK_SQL, name="status"),
         CheckConstraint("attempt_count >= 0", name="attempt_count"),
         Index(None, "tenant_id", "idempotency_key", unique=True),
