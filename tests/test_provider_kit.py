@@ -149,6 +149,26 @@ async def test_brevo_and_ses_refuse_what_they_cannot_carry_without_a_request() -
         assert f"the {provider.name} provider cannot send" in outcome.error
 
 
+@pytest.mark.parametrize("role", ["cc", "bcc", "reply_to"])
+async def test_ses_refuses_a_non_ascii_local_part_in_any_role_without_a_request(role: str) -> None:
+    from mailbag.domain.content import Address, Recipients
+
+    someone = (Address("zoë@example.com"),)
+    if role == "reply_to":
+        sent = outgoing_email(1, reply_to=someone)
+    else:
+        to = (Address("ann@example.com"),)
+        sent = outgoing_email(1, recipients=Recipients(to=to, **{role: someone}))
+    provider = ses.SESProvider(region="us-east-1", endpoint_url=NOWHERE)
+    try:
+        outcome = await provider.send(sent)
+    finally:
+        await provider.aclose()
+    # Refused while building: a request that had left would be Deferred (nothing listens).
+    assert isinstance(outcome, Rejected), outcome
+    assert "zoë@example.com" in outcome.error
+
+
 async def test_every_provider_turns_a_feature_refused_while_building_into_rejected(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
