@@ -144,7 +144,9 @@ async def test_authentication_is_required(db):
             415,
             "unsupported-media-type",
         ),
-        ({"json": {**BODY, "data": {"blob": "x" * 300_000}}}, 413, "body-too-large"),
+        ({"json": {**BODY, "data": {"blob": "x" * 300_000}}}, 422, "invalid-message"),
+        # The messages endpoint takes bodies as large as a message at the limits needs.
+        ({"json": {**BODY, "text": "x" * 23_000_000}}, 413, "body-too-large"),
         ({"json": BODY, "headers": {"Idempotency-Key": ""}}, 400, "invalid-idempotency-key"),
         ({"json": BODY, "headers": {"Idempotency-Key": "k" * 256}}, 400, "invalid-idempotency-key"),
     ],

@@ -7,10 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mailbag.domain import InvalidMessage, Message, NewMessage, Status, new_message
+    from mailbag.domain.content import Address, Attachment, Limits, Priority
+    from mailbag.domain.message import MessageTooLarge
     from mailbag.services.outbox import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 
 # Imported on first use, so `import mailbag.cli` (the command line) starts without SQLAlchemy.
 _EXPORTS = {
+    "Address": "mailbag.domain.content",
+    "Attachment": "mailbag.domain.content",
+    "Limits": "mailbag.domain.content",
+    "Priority": "mailbag.domain.content",
+    "MessageTooLarge": "mailbag.domain.message",
     "InvalidMessage": "mailbag.domain",
     "Message": "mailbag.domain",
     "NewMessage": "mailbag.domain",
@@ -24,9 +31,14 @@ _EXPORTS = {
 
 
 __all__ = [
+    "Address",
+    "Attachment",
     "InvalidMessage",
+    "Limits",
     "Message",
+    "MessageTooLarge",
     "NewMessage",
+    "Priority",
     "Status",
     "enqueue",
     "enqueue_async",

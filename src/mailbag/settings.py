@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from mailbag import keys
 from mailbag.database_url import dialect_of
+from mailbag.domain.content import BODY_MAX_BYTES, MIB, Limits
 from mailbag.domain.message import AddressRules
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.verification import TOKEN_PURPOSE, Tokens
@@ -114,7 +115,12 @@ class Settings(BaseSettings):
     api_port: int = Field(8025, ge=0, le=65535)
     api_pool_size: int = Field(20, ge=1, le=500)  # database connections per API process
     idempotency_ttl_hours: float = Field(24.0, gt=0)
-    max_body_bytes: int = Field(256 * 1024, ge=1024)
+    max_body_bytes: int = Field(256 * 1024, ge=1024)  # every request but POST /v1/messages
+    # How much one message may carry (domain.content.Limits); POST /v1/messages takes a body
+    # as large as such a message needs (`message_body_bytes`).
+    max_recipients: int = Field(50, ge=1, le=1000)  # to, cc and bcc together
+    max_attachment_bytes: int = Field(10 * MIB, ge=1)
+    max_message_bytes: int = Field(10 * MIB, ge=1)  # attachments and bodies, before encoding
     verification_ttl_minutes: float = Field(24 * 60.0, gt=0)
     verification_sends_per_email_per_hour: int = Field(5, ge=1)
     verification_sends_per_tenant_per_hour: int = Field(1000, ge=1)
@@ -164,6 +170,25 @@ class Settings(BaseSettings):
         from mailbag.providers.base import address_rules
 
         return address_rules(self)
+
+    @cached_property
+    def limits(self) -> Limits:
+        """How much one message may carry: the API and the CLI pass these to new_message."""
+        return Limits(
+            max_recipients=self.max_recipients,
+            max_attachment_bytes=self.max_attachment_bytes,
+            max_message_bytes=self.max_message_bytes,
+        )
+
+    @property
+    def message_body_bytes(self) -> int:
+        """The largest POST /v1/messages body: one at the limits always fits. Base64 makes
+        attachments 4/3 their size; JSON escapes can triple a body's bytes (\\u00e9 for é), so
+        the two bodies' escapes are allowed for on top; the rest is max_body_bytes, as for
+        every other request."""
+        encoded = -(-self.max_message_bytes * 4 // 3)
+        escapes = 2 * 2 * min(BODY_MAX_BYTES, self.max_message_bytes)
+        return self.max_body_bytes + encoded + escapes
 
     @cached_property
     def retry_policy(self) -> RetryPolicy:

@@ -23,6 +23,8 @@ from mailbag.keys import secret_matches
 from mailbag.services.messages import MessageNotFound, decode_cursor, encode_cursor, public
 from mailbag.services.operations import NotAllowed
 from mailbag.services.reconciliation import Reconciler
+from mailbag.services.tenants import Senders
+from mailbag.store.senders import SenderIdentity
 from mailbag.web import client_address
 
 ACTOR = "operator:api"
@@ -214,4 +216,41 @@ async def add_suppression(body: SuppressionIn, svc: ServicesDep, now: NowDep) ->
 async def remove_suppression(tenant_id: str, email: str, svc: ServicesDep) -> dict[str, bool]:
     if not await svc.operations.unsuppress(tenant_id=tenant_id, email=email):
         raise not_found("no such suppression")
+    return {"removed": True}
+
+
+class SenderIn(Strict):
+    address: str = Field(
+        max_length=255, description="A From address.", examples=["billing@acme.example"]
+    )
+    name: str | None = Field(
+        None, max_length=255, description="Its display name.", examples=["Acme Billing"]
+    )
+
+
+def _sender(s: SenderIdentity) -> dict[str, Any]:
+    return {"address": s.address, "name": s.name, "created_at": s.created_at.isoformat()}
+
+
+@router.get("/tenants/{tenant_id}/senders", responses=RESPONSES)
+async def senders(tenant_id: str, svc: ServicesDep) -> list[dict[str, Any]]:
+    """The addresses a tenant (by id or name) may send from, besides FROM_EMAIL."""
+    return [_sender(s) for s in await Senders(svc.engine).listing(tenant_id)]
+
+
+@router.post("/tenants/{tenant_id}/senders", status_code=201, responses=RESPONSES)
+async def add_sender(
+    tenant_id: str, body: SenderIn, svc: ServicesDep, now: NowDep
+) -> dict[str, Any]:
+    """Let a tenant send from an address (`from` in its messages). `added` is false when it
+    already could."""
+    found, added = await Senders(svc.engine).add(tenant_id, body.address, body.name, now)
+    return {"tenant_id": found, "added": added}
+
+
+@router.delete("/tenants/{tenant_id}/senders/{address}", responses=RESPONSES)
+async def remove_sender(tenant_id: str, address: str, svc: ServicesDep) -> dict[str, bool]:
+    """Stop a tenant sending from an address; messages already enqueued keep it."""
+    if not await Senders(svc.engine).remove(tenant_id, address):
+        raise not_found(f"{address} is not a sender identity of {tenant_id}")
     return {"removed": True}

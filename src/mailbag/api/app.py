@@ -26,10 +26,11 @@ from mailbag.api.deadline import RETRY_AFTER_SECONDS, DatabaseDeadline, database
 from mailbag.api.problems import ProblemError, unauthorized
 from mailbag.clock import Clock, utcnow
 from mailbag.domain import storable
-from mailbag.domain.message import InvalidMessage
+from mailbag.domain.message import InvalidMessage, MessageTooLarge
 from mailbag.keys import bearer_matches
 from mailbag.services import idempotency
 from mailbag.services import messages as message_service
+from mailbag.services import tenants as tenant_service
 from mailbag.services import verification as verification_service
 from mailbag.services.container import Services
 from mailbag.services.operations import NotAllowed, Operations
@@ -88,7 +89,12 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
     app.state.confirm_subscription = webhooks.confirm_subscription
     install_error_handlers(app)
     app.add_middleware(DatabaseDeadline, seconds=settings.database_timeout_seconds)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        # A message carries its attachments in the body: it may be as large as they need.
+        larger={("POST", "/v1/messages"): settings.message_body_bytes},
+    )
     app.add_middleware(RequestContext)
 
     @app.get("/healthz", tags=["operations"])
@@ -235,20 +241,24 @@ class BodyLimit:
     """Refuse bodies over the limit (413), declared or streamed (chunked), before the app
     sees any of it. A declared length is refused unread; any other body is read here, up
     to the limit, and handed on whole. (Stopping the app's own read midway does not work:
-    FastAPI turns an error while reading the body into a 400.)"""
+    FastAPI turns an error while reading the body into a 400.) `larger` gives some
+    (method, path)s a limit of their own."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, larger: dict[tuple[str, str], int] | None = None
+    ) -> None:
+        self.app, self.max_bytes, self.larger = app, max_bytes, larger or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.larger.get((scope["method"], scope["path"].rstrip("/")), self.max_bytes)
         declared = Headers(scope=scope).get("content-length")
         too_large = ProblemError(
-            413, "body-too-large", "Request body too large", f"the limit is {self.max_bytes} bytes"
+            413, "body-too-large", "Request body too large", f"the limit is {limit} bytes"
         ).response()
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        if declared is not None and declared.isdigit() and int(declared) > limit:
             await too_large(scope, receive, send)
             return
         body = bytearray()
@@ -258,7 +268,7 @@ class BodyLimit:
             if message["type"] != "http.request":
                 return  # the client went away: nobody to answer
             body += message.get("body", b"")
-            if len(body) > self.max_bytes:
+            if len(body) > limit:
                 await too_large(scope, receive, send)
                 return
             more = message.get("more_body", False)
@@ -360,6 +370,9 @@ PROBLEMS: dict[type[Exception], Callable[[Any], ProblemError]] = {
     InvalidMessage: ProblemType(
         422, "invalid-message", "Invalid message", fields=lambda exc: {"errors": exc.errors}
     ),
+    MessageTooLarge: ProblemType(
+        413, "message-too-large", "Message too large", fields=lambda exc: {"errors": exc.errors}
+    ),
     idempotency.KeyReused: _key_reused,
     NotAllowed: ProblemType(409, "not-allowed", "Not allowed in this state"),
     message_service.MessageNotFound: ProblemType(404, "not-found", "Not found", "no such message"),
@@ -367,6 +380,7 @@ PROBLEMS: dict[type[Exception], Callable[[Any], ProblemError]] = {
         409, "not-cancellable", "Not cancellable", fields=lambda exc: {"status_now": exc.status}
     ),
     message_service.InvalidCursor: ProblemType(400, "invalid-cursor", "Invalid cursor"),
+    tenant_service.UnknownTenant: ProblemType(404, "not-found", "Not found"),
     verification_service.NotFound: ProblemType(
         404, "not-found", "Not found", "no such verification"
     ),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import mimetypes
+import re
 import uuid
 from typing import Annotated, Any
 
@@ -10,15 +13,36 @@ from fastapi import APIRouter, Query, Response
 from mailbag.api.deps import KeyDep, NowDep, ServicesDep, TenantDep
 from mailbag.api.problems import COMMON, documented
 from mailbag.api.replay import replayed
-from mailbag.api.schemas import MessageCreate, MessageOut, MessagePage
+from mailbag.api.schemas import (
+    AttachmentIn,
+    Mailbox,
+    Mailboxes,
+    MessageCreate,
+    MessageOut,
+    MessagePage,
+)
 from mailbag.compose import check_renders
-from mailbag.domain.message import ANY_ADDRESS, InvalidMessage, new_message, normalize_address
+from mailbag.domain.content import Address, Attachment, Limits
+from mailbag.domain.message import (
+    ANY_ADDRESS,
+    InvalidMessage,
+    MessageTooLarge,
+    new_message,
+    normalize_address,
+)
 from mailbag.domain.states import Status
 
 router = APIRouter(prefix="/v1/messages", tags=["messages"])
+WHITESPACE = re.compile(r"\s+")
 
 
-@router.post("", status_code=201, response_model=MessageOut, responses=documented(*COMMON, 409))
+@router.post(
+    "",
+    status_code=201,
+    response_model=MessageOut,
+    response_model_by_alias=True,
+    responses=documented(*COMMON, 409),
+)
 async def create_message(
     body: MessageCreate,
     svc: ServicesDep,
@@ -29,14 +53,37 @@ async def create_message(
 ) -> Any:
     """Put an email into the outbox. With an Idempotency-Key, retries are safe: the same key
     and body replay the first answer (header `Idempotent-Replayed: true`); the same key with
-    a different body is a 409."""
+    a different body is a 409. A message over the size limits is a 413 (message-too-large);
+    any other invalid field a 422 naming it."""
+    limits = svc.settings.limits
+    count = sum(len(_listed(v)) for v in (body.to, body.cc, body.bcc))
+    if count > limits.max_recipients:  # before checking each of a possibly huge list
+        raise InvalidMessage(
+            {
+                "to": f"{count} recipients (to, cc and bcc together); the limit is "
+                f"{limits.max_recipients}"
+            }
+        )
     message = new_message(
-        to=body.to,
+        to=_mailboxes(body.to) or [],
         to_name=body.to_name,
+        cc=_mailboxes(body.cc),
+        bcc=_mailboxes(body.bcc),
+        reply_to=_mailboxes(body.reply_to),
+        from_address=body.from_,
+        from_name=body.from_name,
         template=body.template,
         data=body.data,
         subject=body.subject,
+        html=body.html,
+        text=body.text,
+        inline_css=body.inline_css,
+        attachments=_attachments(body.attachments, limits),
         send_at=body.send_at,
+        expires_at=body.expires_at,
+        priority=body.priority,
+        unsubscribe_url=body.unsubscribe_url,
+        unsubscribe_mailto=body.unsubscribe_mailto,
         tags=body.tags,
         metadata=body.metadata,
         headers=body.headers,
@@ -44,10 +91,50 @@ async def create_message(
         idempotency_key=key,
         known_templates=svc.catalog_names,
         address_rules=svc.settings.address_rules,
+        limits=limits,
     )
     check_renders(message, svc.catalog)
     result = await svc.messages.create(key=key, message=message, now=now)
     return replayed(result, response, "POST /v1/messages")
+
+
+def _listed(value: Mailboxes | None) -> list[Mailbox]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _mailboxes(value: Mailboxes | None) -> list[str | Address] | None:
+    if value is None:
+        return None
+    return [m if isinstance(m, str) else Address(m.address, m.name) for m in _listed(value)]
+
+
+def _attachments(given: list[AttachmentIn], limits: Limits) -> list[Attachment]:
+    """The attachments with their bytes. Base64 is checked strictly (only line breaks are
+    ignored): a lenient decoder would send other bytes than the caller meant."""
+    found = []
+    for index, item in enumerate(given):
+        where = f"attachments[{index}]"
+        # An upper bound of the decoded size, before decoding what may be far too large.
+        if len(item.content) * 3 // 4 > limits.max_attachment_bytes + 3:
+            raise MessageTooLarge(
+                {
+                    "attachments": f"{where} ({item.filename!r}) is larger than the limit for "
+                    f"one attachment, {limits.max_attachment_bytes} bytes"
+                }
+            )
+        try:
+            content = base64.b64decode(WHITESPACE.sub("", item.content), validate=True)
+        except ValueError:  # binascii.Error, or a character that is not ASCII
+            raise InvalidMessage(
+                {"attachments": f"{where}.content is not valid base64 (RFC 4648)"}
+            ) from None
+        content_type = item.content_type or (
+            mimetypes.guess_type(item.filename)[0] or "application/octet-stream"
+        )
+        found.append(Attachment(item.filename, content_type, content, item.content_id))
+    return found
 
 
 @router.get(

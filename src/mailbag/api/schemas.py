@@ -5,13 +5,19 @@ refused by the database."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
 from pydantic.functional_validators import AfterValidator
 from pydantic_core import PydanticCustomError
 
 from mailbag.domain import storable
+from mailbag.domain.content import (
+    CONTENT_ID_MAX,
+    CONTENT_TYPE_MAX,
+    FILENAME_MAX,
+    UNSUBSCRIBE_URL_MAX,
+)
 from mailbag.domain.message import (
     ADDRESS_MAX,
     NAME_MAX,
@@ -56,18 +62,203 @@ def _fits_column(url: AnyHttpUrl) -> AnyHttpUrl:
 RedirectUrl = Annotated[AnyHttpUrl, AfterValidator(_fits_column)]
 
 
-class MessageCreate(Strict):
-    to: str = Field(max_length=ADDRESS_MAX, description="Recipient address.")
-    to_name: str | None = Field(None, max_length=NAME_MAX)
-    template: str = Field(max_length=TEMPLATE_NAME_MAX, description="Template name.")
-    data: dict[str, Any] = Field(default_factory=dict, description="Template variables.")
-    subject: str | None = Field(
-        None, max_length=SUBJECT_MAX, description="Overrides the template's subject."
+class AddressIn(Strict):
+    address: str = Field(
+        max_length=ADDRESS_MAX, description="An email address.", examples=["ada@example.com"]
     )
-    send_at: datetime | None = Field(None, description="Send no earlier than this (with zone).")
-    tags: list[str] = Field(default_factory=list, max_length=TAGS_MAX)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    headers: dict[str, str] = Field(default_factory=dict, description="Extra email headers.")
+    name: str | None = Field(
+        None, max_length=NAME_MAX, description="Display name.", examples=["Ada Lovelace"]
+    )
+
+
+Mailbox = Annotated[str, Field(max_length=ADDRESS_MAX)] | AddressIn
+# One address as a string, or a list of strings and {address, name} objects.
+Mailboxes = Mailbox | list[Mailbox]
+
+
+class AttachmentIn(Strict):
+    filename: str = Field(
+        min_length=1,
+        max_length=FILENAME_MAX,
+        description="The file's name as the recipient sees it (no path).",
+        examples=["invoice-2041.pdf"],
+    )
+    content_type: str | None = Field(
+        None,
+        max_length=CONTENT_TYPE_MAX,
+        description="MIME type; guessed from the filename when left out.",
+        examples=["application/pdf"],
+    )
+    content: str = Field(
+        description="The bytes, base64-encoded (RFC 4648; line breaks are ignored). Limits: "
+        "MAX_ATTACHMENT_BYTES per attachment, MAX_MESSAGE_BYTES per message (decoded).",
+        examples=["JVBERi0xLjQKJcOkw7zDtsOfCg=="],
+        json_schema_extra={"contentEncoding": "base64"},
+    )
+    content_id: str | None = Field(
+        None,
+        max_length=CONTENT_ID_MAX,
+        description="Makes it an inline part: the HTML shows it with `cid:<content_id>`.",
+        examples=["logo"],
+    )
+
+
+FULL_EXAMPLE: dict[str, Any] = {
+    "to": [{"address": "ada@example.com", "name": "Ada Lovelace"}, "charles@example.com"],
+    "cc": ["accounts@example.com"],
+    "bcc": ["archive@example.com"],
+    "reply_to": [{"address": "billing@acme.example", "name": "Acme Billing"}],
+    "from": "billing@acme.example",
+    "from_name": "Acme Billing",
+    "subject": "Your invoice #2041",
+    "html": '<p><img src="cid:logo" alt="Acme"></p><p>Your invoice is attached.</p>',
+    "attachments": [
+        {
+            "filename": "invoice-2041.pdf",
+            "content_type": "application/pdf",
+            "content": "JVBERi0xLjQKJcOkw7zDtsOfCg==",
+        },
+        {
+            "filename": "logo.png",
+            "content_type": "image/png",
+            "content": "iVBORw0KGgo=",
+            "content_id": "logo",
+        },
+    ],
+    "expires_at": "2026-12-31T23:00:00Z",
+    "priority": "high",
+    "unsubscribe_url": "https://acme.example/unsubscribe?u=42",
+    "tags": ["invoice"],
+}
+TEMPLATE_EXAMPLE: dict[str, Any] = {
+    "to": "ada@example.com",
+    "to_name": "Ada Lovelace",
+    "template": "welcome",
+    "data": {"name": "Ada"},
+}
+
+
+class MessageCreate(Strict):
+    """An email: a template with its data, or ready-made content (`subject` with `html`
+    and/or `text`); recipients, sender, attachments and delivery options."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [TEMPLATE_EXAMPLE, FULL_EXAMPLE]})
+
+    to: Mailboxes = Field(
+        description="Recipients: an address, or a list of addresses and {address, name} "
+        "objects. To, cc and bcc together hold at most MAX_RECIPIENTS (default 50).",
+        examples=["ada@example.com", [{"address": "ada@example.com", "name": "Ada"}]],
+    )
+    to_name: str | None = Field(
+        None,
+        max_length=NAME_MAX,
+        description="Display name of a single `to` given as a string.",
+        examples=["Ada Lovelace"],
+    )
+    cc: Mailboxes | None = Field(
+        None, description="Copy recipients (shown in the Cc header).", examples=[["c@example.com"]]
+    )
+    bcc: Mailboxes | None = Field(
+        None,
+        description="Blind copy recipients: delivered to, never shown in any header.",
+        examples=[["archive@example.com"]],
+    )
+    reply_to: Mailboxes | None = Field(
+        None, description="Where replies go (Reply-To).", examples=["support@acme.example"]
+    )
+    from_: str | None = Field(
+        None,
+        alias="from",
+        max_length=ADDRESS_MAX,
+        description="Sender address: one of the tenant's sender identities (`mailbag tenants "
+        "senders add`). Default: the deployment's FROM_EMAIL.",
+        examples=["billing@acme.example"],
+    )
+    from_name: str | None = Field(
+        None,
+        max_length=NAME_MAX,
+        description="Sender display name; default: the sender identity's name.",
+        examples=["Acme Billing"],
+    )
+    template: str | None = Field(
+        None,
+        max_length=TEMPLATE_NAME_MAX,
+        description="Template name (or give ready-made `html`/`text` instead).",
+        examples=["welcome"],
+    )
+    data: dict[str, Any] | None = Field(
+        None, description="Template variables.", examples=[{"name": "Ada"}]
+    )
+    subject: str | None = Field(
+        None,
+        max_length=SUBJECT_MAX,
+        description="The subject: required with ready-made content; with a template, "
+        "overrides the template's subject.",
+        examples=["Your invoice #2041"],
+    )
+    html: str | None = Field(
+        None,
+        description="Ready-made HTML body (instead of a template). `cid:<content_id>` shows "
+        "an inline attachment.",
+        examples=["<p>Hello <b>Ada</b></p>"],
+    )
+    text: str | None = Field(
+        None,
+        description="Ready-made plain-text body; generated from `html` when left out.",
+        examples=["Hello Ada"],
+    )
+    inline_css: bool = Field(
+        False,
+        description="Move the ready-made HTML's <style> rules into style attributes.",
+        examples=[True],
+    )
+    attachments: list[AttachmentIn] = Field(
+        default_factory=list,
+        description="Files sent with the message, stored once per content (SHA-256).",
+        examples=[FULL_EXAMPLE["attachments"]],
+    )
+    send_at: datetime | None = Field(
+        None,
+        description="Send no earlier than this (with zone).",
+        examples=["2026-12-01T09:00:00+01:00"],
+    )
+    expires_at: datetime | None = Field(
+        None,
+        description="Don't send after this (with zone): a message still unsent then ends "
+        "`expired`, never sent.",
+        examples=["2026-12-01T12:00:00Z"],
+    )
+    priority: Literal["high", "normal", "low"] = Field(
+        "normal",
+        description="Among due messages, higher priority is claimed first (a head start of "
+        "5 minutes per level, so nothing starves).",
+        examples=["high"],
+    )
+    unsubscribe_url: str | None = Field(
+        None,
+        max_length=UNSUBSCRIBE_URL_MAX,
+        description="https:// URL for List-Unsubscribe with one-click (RFC 8058).",
+        examples=["https://acme.example/unsubscribe?u=42"],
+    )
+    unsubscribe_mailto: str | None = Field(
+        None,
+        max_length=ADDRESS_MAX,
+        description="Address for a mailto: List-Unsubscribe.",
+        examples=["unsubscribe@acme.example"],
+    )
+    tags: list[str] = Field(
+        default_factory=list, max_length=TAGS_MAX, description="Labels.", examples=[["invoice"]]
+    )
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Your own data, kept with the message, never sent.",
+        examples=[{"order": 2041}],
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra email headers.",
+        examples=[{"X-Campaign": "autumn"}],
+    )
 
 
 class Event(BaseModel):
@@ -80,20 +271,51 @@ class Event(BaseModel):
     detail: str | None = None
 
 
+class AddressOut(BaseModel):
+    address: str
+    name: str | None = None
+
+
+class RecipientsOut(BaseModel):
+    to: list[AddressOut]
+    cc: list[AddressOut]
+    bcc: list[AddressOut]
+
+
+class AttachmentOut(BaseModel):
+    filename: str
+    content_type: str
+    size: int = Field(description="Bytes.")
+    sha256: str = Field(description="Hex SHA-256 of the bytes.")
+    content_id: str | None = Field(None, description="Set for an inline part.")
+
+
 class MessageOut(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
     id: str
     status: Status
-    to: str
+    to: str = Field(description="The first To recipient.")
     to_name: str | None
+    recipients: RecipientsOut = Field(description="Every recipient (suppressed ones dropped).")
+    reply_to: list[AddressOut]
     from_: str | None = Field(None, alias="from")
-    template: str
+    from_name: str | None
+    template: str | None = Field(description="None for ready-made content.")
+    ready_made: bool
+    has_html: bool = Field(description="Ready-made content with an HTML body.")
+    has_text: bool = Field(description="Ready-made content with a text body.")
     subject: str | None
     data: dict[str, Any]
+    attachments: list[AttachmentOut]
     tags: list[str]
     metadata: dict[str, Any]
     headers: dict[str, str]
+    priority: Literal["high", "normal", "low"]
+    expires_at: datetime | None
+    unsubscribe_url: str | None
+    unsubscribe_mailto: str | None
+    suppressed: list[str] = Field(description="Recipients dropped: on the suppression list.")
     attempt_count: int
     max_attempts: int
     next_attempt_at: datetime

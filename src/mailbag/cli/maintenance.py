@@ -52,11 +52,15 @@ def parse_age(value: str) -> timedelta:
 def purge(
     older_than: Annotated[str, typer.Option(help="Age like 30d, 12h or 90m.")] = "30d",
 ) -> None:
-    """Delete finished messages (sent, failed, dead, cancelled) last changed before the cutoff."""
+    """Delete finished messages (sent, failed, dead, cancelled, expired) last changed before
+    the cutoff, and the attachments no message carries any more."""
     from mailbag.clock import utcnow
     from mailbag.services import maintenance
 
     age = parse_age(older_than)
     now = utcnow()
-    messages, records = maintenance.purge(database(), older_than=now - age, now=now)
-    typer.echo(f"purged {messages} message(s) and {records} expired idempotency record(s)")
+    purged = maintenance.purge(database(), older_than=now - age, now=now)
+    typer.echo(
+        f"purged {purged.messages} message(s), {purged.records} expired idempotency "
+        f"record(s) and {purged.attachments} unused attachment(s)"
+    )

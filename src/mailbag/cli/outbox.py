@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -16,21 +17,56 @@ if TYPE_CHECKING:
 
     from rich.table import Table
 
+    from mailbag.domain.content import Attachment
     from mailbag.services.operations import Health, Operations
 
 
 def enqueue(
-    to: Annotated[str, typer.Option(help="Recipient address.")],
-    template: Annotated[str, typer.Option(help="Template name, e.g. welcome.")],
+    to: Annotated[list[str], typer.Option(help="Recipient address (repeatable).")],
+    template: Annotated[
+        str | None, typer.Option(help="Template name, e.g. welcome (or --html/--text).")
+    ] = None,
     data: Annotated[str, typer.Option(help="Template data as a JSON object.")] = "{}",
     key: Annotated[
         str | None, typer.Option(help="Idempotency key: the same key, the same message.")
     ] = None,
-    subject: Annotated[str | None, typer.Option(help="Overrides the template's subject.")] = None,
-    to_name: Annotated[str | None, typer.Option(help="Recipient display name.")] = None,
-    sender: Annotated[
-        str | None, typer.Option("--from", help="Sender address (default FROM_EMAIL).")
+    subject: Annotated[
+        str | None,
+        typer.Option(help="Subject: required with --html/--text; else overrides the template's."),
     ] = None,
+    html: Annotated[
+        Path | None, typer.Option(help="Ready-made HTML body, from this UTF-8 file.")
+    ] = None,
+    text: Annotated[
+        Path | None,
+        typer.Option(help="Ready-made text body, from this UTF-8 file (default: from --html)."),
+    ] = None,
+    inline_css: Annotated[
+        bool, typer.Option(help="Move the HTML's <style> rules into style attributes.")
+    ] = False,
+    attach: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Attach a file (repeatable): FILE, FILE;type=MIME/TYPE (default: guessed "
+            "from the name), FILE;cid=ID for an inline image the HTML shows as cid:ID."
+        ),
+    ] = None,
+    to_name: Annotated[str | None, typer.Option(help="Display name of a single --to.")] = None,
+    cc: Annotated[list[str] | None, typer.Option(help="Cc address (repeatable).")] = None,
+    bcc: Annotated[
+        list[str] | None, typer.Option(help="Bcc address (repeatable; in no header).")
+    ] = None,
+    reply_to: Annotated[
+        list[str] | None, typer.Option(help="Reply-To address (repeatable).")
+    ] = None,
+    sender: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="Sender address: one of the tenant's sender identities (default FROM_EMAIL).",
+        ),
+    ] = None,
+    from_name: Annotated[str | None, typer.Option(help="Sender display name.")] = None,
     tenant: Annotated[str, typer.Option(help="Tenant the message belongs to.")] = "default",
     header: Annotated[
         list[str] | None, typer.Option(help="Extra header 'Name: value' (repeatable).")
@@ -39,9 +75,24 @@ def enqueue(
     send_at: Annotated[
         str | None, typer.Option(help="ISO 8601 time to send at (with zone).")
     ] = None,
+    expires_in: Annotated[
+        str | None,
+        typer.Option(help="Don't send after this long from now (e.g. 30m, 2h, 1d)."),
+    ] = None,
+    priority: Annotated[
+        str, typer.Option(help="high, normal or low: higher is claimed first.")
+    ] = "normal",
+    unsubscribe_url: Annotated[
+        str | None, typer.Option(help="https:// one-click List-Unsubscribe URL.")
+    ] = None,
+    unsubscribe_mailto: Annotated[
+        str | None, typer.Option(help="Address for a mailto: List-Unsubscribe.")
+    ] = None,
 ) -> None:
     """Put one email into the outbox and print its id."""
     from mailbag import templates
+    from mailbag.cli.maintenance import parse_age
+    from mailbag.clock import utcnow
     from mailbag.compose import check_renders
     from mailbag.domain.message import InvalidMessage, new_message
     from mailbag.services import outbox as outbox_service
@@ -63,33 +114,93 @@ def enqueue(
             when = datetime.fromisoformat(send_at)
         except ValueError:
             fail(f"--send-at {send_at!r} is not an ISO 8601 time")
+    expires_at = None
+    if expires_in is not None:
+        expires_at = utcnow() + parse_age(expires_in)
+    files = [attachment(spec, config.max_attachment_bytes) for spec in attach or []]
     try:
         catalog = templates.load(config.templates_dir)
         message = new_message(
-            to=to,
-            template=template,
-            data=template_data,
-            idempotency_key=key,
-            subject=subject,
+            to=to if len(to) > 1 else to[0],
             to_name=to_name,
+            cc=cc,
+            bcc=bcc,
+            reply_to=reply_to,
             from_address=sender,
+            from_name=from_name,
+            template=template,
+            data=template_data or None,
+            subject=subject,
+            html=read_text("--html", html) if html is not None else None,
+            text=read_text("--text", text) if text is not None else None,
+            inline_css=inline_css,
+            attachments=files,
+            idempotency_key=key,
             tenant_id=tenant,
             headers=headers,
             tags=tag or [],
             send_at=when,
+            expires_at=expires_at,
+            priority=priority,
+            unsubscribe_url=unsubscribe_url,
+            unsubscribe_mailto=unsubscribe_mailto,
             known_templates=catalog.names(),
             address_rules=config.address_rules,
+            limits=config.limits,
         )
         check_renders(message, catalog)
     except (InvalidMessage, templates.TemplateError) as exc:
         fail(f"invalid message: {exc}")
-    with database().begin() as conn:
-        (result,) = outbox_service.enqueue_many(
-            conn, [message], max_attempts=config.max_attempts, actor="cli"
-        )
+    try:
+        with database().begin() as conn:
+            (result,) = outbox_service.enqueue_many(
+                conn, [message], max_attempts=config.max_attempts, actor="cli"
+            )
+    except InvalidMessage as exc:  # a `from` that is not the tenant's: nothing was written
+        fail(f"invalid message: {exc}")
     if not result.created:
         typer.echo(f"(key {key!r} already enqueued: {result.message.status})", err=True)
     typer.echo(str(result.message.id))
+
+
+def read_text(option: str, path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"{option} {path}: {exc.strerror or exc}")
+    except UnicodeDecodeError:
+        fail(f"{option} {path} is not UTF-8 text")
+
+
+def attachment(spec: str, max_bytes: int) -> Attachment:
+    """An --attach value (FILE[;type=MIME/TYPE][;cid=ID]) read into an Attachment; a file
+    over the limit is refused before it is read."""
+    import mimetypes
+
+    from mailbag.domain.content import Attachment
+
+    name, *params = spec.split(";")
+    options: dict[str, str] = {}
+    for param in params:
+        option, sep, value = param.partition("=")
+        if not sep or option.strip() not in ("type", "cid") or not value.strip():
+            fail(f"--attach {spec!r}: give FILE, FILE;type=MIME/TYPE or FILE;cid=ID")
+        options[option.strip()] = value.strip()
+    path = Path(name)
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            fail(
+                f"--attach {name}: the file is {size} bytes; the limit for one attachment "
+                f"is {max_bytes} (MAILBAG_MAX_ATTACHMENT_BYTES)"
+            )
+        content = path.read_bytes()
+    except OSError as exc:
+        fail(f"--attach {name}: {exc.strerror or exc}")
+    content_type = options.get("type") or (
+        mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    )
+    return Attachment(path.name, content_type, content, options.get("cid"))
 
 
 def health_table(health: Health) -> Table:

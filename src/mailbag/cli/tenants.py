@@ -35,3 +35,61 @@ def list_() -> None:
 
     for tenant in tenant_service.all_tenants(database()):
         typer.echo(f"{tenant.id}\t{tenant.name}\t{tenant.api_key_prefix}...")
+
+
+senders = typer.Typer(
+    help="The addresses a tenant may send from (a message's `from`), besides FROM_EMAIL.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+tenants.add_typer(senders, name="senders")
+
+TENANT = Annotated[str, typer.Argument(help="Tenant id or name (or `default`).")]
+
+
+@senders.command("add")
+def senders_add(
+    tenant: TENANT,
+    address: Annotated[str, typer.Argument(help="The From address.")],
+    name: Annotated[str | None, typer.Option(help="Its display name.")] = None,
+) -> None:
+    """Let a tenant send from an address."""
+    from mailbag.domain.message import InvalidMessage
+    from mailbag.services import tenants as tenant_service
+
+    try:
+        tenant_id, added = tenant_service.add_sender(database(), tenant, address, name)
+    except InvalidMessage as exc:
+        fail(f"invalid sender identity: {exc}")
+    except tenant_service.UnknownTenant as exc:
+        fail(str(exc))
+    typer.echo(f"{tenant_id} may send from {address}" + ("" if added else " (already could)"))
+
+
+@senders.command("list")
+def senders_list(tenant: TENANT) -> None:
+    """A tenant's sender identities: address, name, when added."""
+    from mailbag.services import tenants as tenant_service
+
+    try:
+        found = tenant_service.senders(database(), tenant)
+    except tenant_service.UnknownTenant as exc:
+        fail(str(exc))
+    for sender in found:
+        typer.echo(f"{sender.address}\t{sender.name or ''}\t{sender.created_at:%Y-%m-%d}")
+
+
+@senders.command("remove")
+def senders_remove(
+    tenant: TENANT, address: Annotated[str, typer.Argument(help="The From address.")]
+) -> None:
+    """Stop a tenant sending from an address (messages already enqueued keep it)."""
+    from mailbag.services import tenants as tenant_service
+
+    try:
+        removed = tenant_service.remove_sender(database(), tenant, address)
+    except tenant_service.UnknownTenant as exc:
+        fail(str(exc))
+    if not removed:
+        fail(f"{address} is not a sender identity of {tenant}", code=1)
+    typer.echo("removed")

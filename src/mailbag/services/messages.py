@@ -8,6 +8,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from mailbag.domain.content import Priority
 from mailbag.domain.message import Filter, Message, NewMessage
 from mailbag.domain.states import Status
 from mailbag.services import outbox as outbox_service
@@ -46,13 +47,34 @@ def public(m: Message, events: list[Any] | None = None) -> dict[str, Any]:
         "status": m.status,
         "to": m.to_address,
         "to_name": m.to_name,
+        "recipients": m.all_recipients.as_json(),
+        "reply_to": [a.as_json() for a in m.reply_to],
         "from": m.from_address,
+        "from_name": m.from_name,
         "template": m.template_name,
+        "ready_made": m.ready_made,
+        "has_html": m.html is not None,
+        "has_text": m.text is not None,
         "subject": m.subject,
         "data": {k: ("[redacted]" if k in secret else v) for k, v in m.template_data.items()},
+        "attachments": [
+            {
+                "filename": a.filename,
+                "content_type": a.content_type,
+                "size": a.size,
+                "sha256": a.sha256,
+                "content_id": a.content_id,
+            }
+            for a in m.attachments
+        ],
         "tags": list(m.tags),
         "metadata": dict(m.metadata),
         "headers": dict(m.headers),
+        "priority": Priority(m.priority).label,
+        "expires_at": m.expires_at.isoformat() if m.expires_at else None,
+        "unsubscribe_url": m.unsubscribe_url,
+        "unsubscribe_mailto": m.unsubscribe_mailto,
+        "suppressed": list(m.suppressed),
         "attempt_count": m.attempt_count,
         "max_attempts": m.max_attempts,
         "next_attempt_at": m.next_attempt_at.isoformat(),
@@ -80,20 +102,43 @@ def public(m: Message, events: list[Any] | None = None) -> dict[str, Any]:
 
 
 def message_fingerprint(message: NewMessage) -> str:
-    return fingerprint(
-        "POST /v1/messages",
-        {
-            "to": message.to_address.casefold(),
-            "to_name": message.to_name,
-            "template": message.template_name,
-            "data": message.template_data,
-            "subject": message.subject,
-            "send_at": message.send_at,
-            "tags": list(message.tags),
-            "metadata": message.metadata,
-            "headers": message.headers,
-        },
-    )
+    """What makes two requests the same message: every field, attachments by their content's
+    hash (with name, type and content id). A single recipient keeps the form fingerprints had
+    before recipients could be several, so records made then still match."""
+    r = message.recipients
+    fields: dict[str, Any] = {
+        "to": message.to_address.casefold(),
+        "to_name": message.to_name,
+        "template": message.template_name,
+        "data": message.template_data,
+        "subject": message.subject,
+        "send_at": message.send_at,
+        "tags": list(message.tags),
+        "metadata": message.metadata,
+        "headers": message.headers,
+    }
+    if not r.is_single:
+        fields["recipients"] = {
+            kind: [(a.address.casefold(), a.name) for a in group]
+            for kind, group in (("to", r.to), ("cc", r.cc), ("bcc", r.bcc))
+        }
+    extra: dict[str, Any] = {
+        "reply_to": [(a.address.casefold(), a.name) for a in message.reply_to],
+        "from": message.from_address.casefold() if message.from_address else None,
+        "from_name": message.from_name,
+        "html": message.html,
+        "text": message.text,
+        "attachments": [
+            (a.filename, a.content_type, a.sha256, a.content_id) for a in message.attachments
+        ],
+        "expires_at": message.expires_at,
+        "priority": int(message.priority),
+        "unsubscribe_url": message.unsubscribe_url,
+        "unsubscribe_mailto": message.unsubscribe_mailto,
+    }
+    # Unset new fields are left out: an old record's fingerprint stays the same.
+    fields.update({k: v for k, v in extra.items() if v not in (None, [], 0)})
+    return fingerprint("POST /v1/messages", fields)
 
 
 class Messages:

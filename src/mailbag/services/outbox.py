@@ -4,6 +4,9 @@
         conn.execute(insert(users).values(...))
         mailbag.enqueue(conn, to="ada@example.com", template="welcome",
                         data={"name": "Ada"}, idempotency_key=f"welcome-{user_id}")
+        mailbag.enqueue(conn, to=["ada@example.com"], cc=["acct@example.com"],
+                        subject="Invoice", html="<p>Attached.</p>",
+                        attachments=[mailbag.Attachment("invoice.pdf", "application/pdf", pdf)])
 
 Nothing here commits: the email exists exactly when the caller's transaction commits. A
 duplicate idempotency key returns the message already there and leaves the transaction
@@ -20,7 +23,7 @@ from sqlalchemy import Connection
 
 from mailbag import metrics, wakeup
 from mailbag.clock import utcnow
-from mailbag.domain.message import NewMessage, new_message
+from mailbag.domain.message import AddressInput, NewMessage, new_message
 from mailbag.domain.policy import RetryPolicy
 from mailbag.store import enqueue as store
 from mailbag.store.enqueue import Enqueued
@@ -51,7 +54,7 @@ def _enqueued(results: list[Enqueued], conn: Connection) -> list[Enqueued]:
     """Count what was created and wake the workers once the caller commits it."""
     for result in results:
         if result.created:
-            metrics.ENQUEUED.labels(result.message.template_name).inc()
+            metrics.ENQUEUED.labels(metrics.template_label(result.message.template_name)).inc()
     if any(r.created for r in results):
         wakeup.notify_after_commit(conn)
     return results
@@ -84,25 +87,26 @@ async def enqueue_many_async(
 def enqueue(
     conn: Connection,
     *,
-    to: str,
-    template: str,
+    to: AddressInput | Sequence[AddressInput],
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     **fields: Any,
 ) -> Enqueued:
     """Validate one message and add it to the outbox in the caller's transaction. `fields`
-    are `new_message`'s: data, idempotency_key, known_templates, subject, send_at, ..."""
-    message = new_message(to=to, template=template, **fields)
+    are `new_message`'s: a template with data, or ready-made subject/html/text; cc, bcc,
+    reply_to, from_address, attachments (a list of `Attachment`), expires_at, priority,
+    unsubscribe_url, idempotency_key, limits, ... Raises InvalidMessage (MessageTooLarge
+    over a size limit) and writes nothing when a field is wrong."""
+    message = new_message(to=to, **fields)
     return enqueue_many(conn, [message], max_attempts=max_attempts)[0]
 
 
 async def enqueue_async(
     conn: AsyncConnection,
     *,
-    to: str,
-    template: str,
+    to: AddressInput | Sequence[AddressInput],
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     **fields: Any,
 ) -> Enqueued:
     """`enqueue` on an AsyncConnection."""
-    message = new_message(to=to, template=template, **fields)
+    message = new_message(to=to, **fields)
     return (await enqueue_many_async(conn, [message], max_attempts=max_attempts))[0]

@@ -1,13 +1,28 @@
-"""Tenants: create one (its API key is shown once), list them, and authenticate a key."""
+"""Tenants: create one (its API key is shown once), list them, authenticate a key, and the
+sender identities each may send from."""
 
 from __future__ import annotations
 
 import secrets
+from datetime import datetime
 from typing import TYPE_CHECKING
 
+from email_validator import EmailNotValidError
+
 from mailbag.clock import utcnow
+from mailbag.domain.message import (
+    ANY_ADDRESS,
+    DEFAULT_TENANT,
+    NAME_MAX,
+    InvalidMessage,
+    normalize_address,
+    unsafe_text,
+)
 from mailbag.domain.verification import digest
+from mailbag.store import senders as sender_store
 from mailbag.store import tenants as store
+from mailbag.store.plan import Plan
+from mailbag.store.senders import SenderIdentity
 from mailbag.store.session import AsyncDatabase, Database
 from mailbag.store.tenants import Tenant
 
@@ -20,6 +35,13 @@ KEY_PREFIX = "mb_"
 
 class NameTaken(Exception):
     """A tenant of that name exists already; nothing was created."""
+
+
+class UnknownTenant(LookupError):
+    """No tenant has that id or name."""
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(f"no tenant {tenant!r} (give its id or name; see `mailbag tenants list`)")
 
 
 def new_api_key() -> str:
@@ -58,3 +80,87 @@ async def authenticate(engine: AsyncEngine, key: str) -> Tenant | None:
         return None
     async with AsyncDatabase(engine).connect(read_only=True) as session:
         return await session.run(store.by_key_digest(digest(key)))
+
+
+def sender_identity(address: str, name: str | None) -> tuple[str, str | None]:
+    """The address (normalized) and name of a sender identity; InvalidMessage if either
+    could not be a From."""
+    errors: dict[str, str] = {}
+    try:
+        address = normalize_address(address, ANY_ADDRESS)
+    except EmailNotValidError as exc:
+        errors["address"] = f"is not a valid email address: {exc}"
+    if name is not None:
+        if not name.strip() or len(name) > NAME_MAX:
+            errors["name"] = f"must be 1 to {NAME_MAX} characters"
+        elif (problem := unsafe_text(name)) is not None:
+            errors["name"] = problem
+    if errors:
+        raise InvalidMessage(errors)
+    return address, name
+
+
+def _tenant_id(tenant: str) -> Plan[str]:
+    """The id of the tenant named by id or name. `default` (the CLI's and the Python
+    API's tenant) always exists."""
+    if tenant == DEFAULT_TENANT:
+        return tenant
+    for known in (yield from store.all_tenants()):
+        if tenant in (known.id, known.name):
+            return known.id
+    raise UnknownTenant(tenant)
+
+
+def _add(tenant: str, address: str, name: str | None, now: datetime) -> Plan[tuple[str, bool]]:
+    address, name = sender_identity(address, name)
+    tenant_id = yield from _tenant_id(tenant)
+    return tenant_id, (yield from sender_store.add(tenant_id, address, name, now))
+
+
+def _remove(tenant: str, address: str) -> Plan[bool]:
+    tenant_id = yield from _tenant_id(tenant)
+    return (yield from sender_store.remove(tenant_id, address))
+
+
+def _listing(tenant: str) -> Plan[list[SenderIdentity]]:
+    tenant_id = yield from _tenant_id(tenant)
+    return (yield from sender_store.listing(tenant_id))
+
+
+def add_sender(
+    engine: Engine, tenant: str, address: str, name: str | None = None
+) -> tuple[str, bool]:
+    """Let a tenant (id or name) send from an address: (its id, False if it already could)."""
+    with Database(engine).transaction() as tx:
+        return tx.run(_add(tenant, address, name, utcnow()))
+
+
+def remove_sender(engine: Engine, tenant: str, address: str) -> bool:
+    with Database(engine).transaction() as tx:
+        return tx.run(_remove(tenant, address))
+
+
+def senders(engine: Engine, tenant: str) -> list[SenderIdentity]:
+    with Database(engine).connect(read_only=True) as session:
+        return session.run(_listing(tenant))
+
+
+class Senders:
+    """The same, for the admin API."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.db = AsyncDatabase(engine)
+
+    async def add(
+        self, tenant: str, address: str, name: str | None, now: datetime
+    ) -> tuple[str, bool]:
+        async with self.db.transaction() as tx:
+            return await tx.run(_add(tenant, address, name, now))
+
+    async def remove(self, tenant: str, address: str) -> bool:
+        async with self.db.transaction() as tx:
+            return await tx.run(_remove(tenant, address))
+
+    async def listing(self, tenant: str) -> list[SenderIdentity]:
+        async with self.db.connect(read_only=True) as session:
+            return await session.run(_listing(tenant))
