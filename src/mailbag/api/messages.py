@@ -104,9 +104,9 @@ def _listed(value: Mailboxes | None) -> list[Mailbox]:
     return value if isinstance(value, list) else [value]
 
 
-def _mailboxes(value: Mailboxes | None) -> list[str | Address] | None:
-    if value is None:
-        return None
+def _mailboxes(value: Mailboxes | None) -> str | list[str | Address] | None:
+    if value is None or isinstance(value, str):  # a single string: `to_name` may name it
+        return value
     return [m if isinstance(m, str) else Address(m.address, m.name) for m in _listed(value)]
 
 
