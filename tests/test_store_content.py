@@ -125,6 +125,29 @@ def test_a_claim_of_plain_messages_carries_no_attachments(db):
     by_address = {m.to_address: m for m in claim(db).messages}
     assert by_address["user0@example.com"].attachments == ()
     assert by_address["user1@example.com"].attachments == (pdf().ref,)
+    assert [by_address[f"user{i}@example.com"].attachment_count for i in (0, 1)] == [0, 1]
+
+
+def test_a_send_accepted_for_some_recipients_records_the_refused_ones(db):
+    a, b = put(db, message(0, to=["ada@example.com", "bob@example.com"]), message(1))
+    token = claim(db).token
+    refused = "refused at RCPT TO: bob@example.com: 550 no such user"
+    finalize(
+        db,
+        token,
+        (a.id, Decision(Action.MARK_SENT, error=refused, provider_message_id="<p-a>")),
+        (b.id, Decision(Action.MARK_SENT, provider_message_id="<p-b>")),
+    )
+    assert (get(db, a.id).status, get(db, a.id).last_error) == (Status.SENT.value, refused)
+    assert (get(db, b.id).status, get(db, b.id).last_error) == (Status.SENT.value, None)
+    with db.engine.connect() as conn:
+        rows = conn.execute(
+            select(message_events.c.message_id, message_events.c.detail).where(
+                message_events.c.to_status == Status.SENT.value
+            )
+        )
+        details = {row.message_id: row.detail for row in rows}
+    assert details == {a.id: refused, b.id: None}
 
 
 def test_recipients_and_reply_to_round_trip(db):

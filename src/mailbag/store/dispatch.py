@@ -77,7 +77,8 @@ FINALIZE_ACTIONS = frozenset(
 _UNSENT = frozenset({Action.RELEASE, Action.LAPSE})
 
 _FINALIZE_EVENTS: dict[Action, EventSpec] = {
-    Action.MARK_SENT: EventSpec(),
+    # A provider that took the message for some recipients only says which it refused.
+    Action.MARK_SENT: LAST_ERROR,
     Action.RELEASE: EventSpec(offset=1, text="released unsent; no attempt spent"),
 }
 
@@ -120,8 +121,9 @@ def claim(
         event=EventSpec(offset=1),
     )
     claimed = sorted((c.message for c in changed), key=lambda m: (m.claim_order_at, m.id))
-    if claimed:
-        carried = yield from attachments.refs([m.id for m in claimed])
+    with_attachments = [m.id for m in claimed if m.attachment_count]
+    if with_attachments:  # most claims carry none: they read nothing more
+        carried = yield from attachments.refs(with_attachments)
         if carried:
             claimed = [
                 replace(m, attachments=carried[m.id]) if m.id in carried else m for m in claimed
@@ -214,6 +216,7 @@ def _finalize_values(
         values.update(
             sent_at=now,
             ambiguous_since=None,
+            last_error=_per_row(errors, om.c.last_error.type, None),
             provider_message_id=_per_row(
                 provider_ids, om.c.provider_message_id.type, om.c.provider_message_id
             ),

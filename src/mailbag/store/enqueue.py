@@ -89,7 +89,7 @@ def enqueue(
             results.append(Enqueued(holder, created=False))
         else:
             results.append(Enqueued(_message(new_row, m), created=True))
-    replayed = {r.message.id for r in results if not r.created}
+    replayed = {r.message.id for r in results if not r.created and r.message.attachment_count}
     if replayed:
         carried_before = yield from attachment_store.refs(list(replayed))
         if carried_before:
@@ -223,4 +223,5 @@ def _new_row(
         "unsubscribe_url": m.unsubscribe_url,
         "unsubscribe_mailto": m.unsubscribe_mailto,
         "suppressed": [a.address for a in m.recipients if a.address.lower() in dropped] or None,
+        "attachment_count": len(m.attachments),
     }

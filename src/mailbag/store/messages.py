@@ -24,8 +24,10 @@ def get(message_id: uuid.UUID, tenant_id: str | None = None) -> Plan[Message | N
     if row is None:
         return None
     message = message_from_row(row)
+    if not message.attachment_count:
+        return message
     carried = yield from attachments.refs([message.id])
-    return replace(message, attachments=carried[message.id]) if carried else message
+    return replace(message, attachments=carried.get(message.id, ()))
 
 
 def matching(where: Filter) -> ColumnElement[bool]:

@@ -51,6 +51,7 @@ def _new_columns() -> list[sa.Column[object]]:
         sa.Column("unsubscribe_url", sa.String(2000)),
         sa.Column("unsubscribe_mailto", sa.String(255)),
         sa.Column("suppressed", json_type()),
+        sa.Column("attachment_count", sa.SmallInteger(), nullable=False, server_default="0"),
     ]
 
 
