@@ -422,6 +422,13 @@ def test_the_fields_own_header_wins_over_a_custom_one_of_the_same_name() -> None
     )
     (reply_to,) = parsed(sent.raw).get_all("Reply-To")
     assert [a.addr_spec for a in reply_to.addresses] == ["field@example.com"]
+    mailto = outgoing_email(
+        2,
+        unsubscribe_mailto="leave@example.com",
+        headers={"List-Unsubscribe-Post": "List-Unsubscribe=One-Click"},
+    )
+    # No one-click POST without the HTTPS URL, even when a custom header asks for one.
+    assert "List-Unsubscribe-Post" not in parsed(mailto.raw)
 
 
 @pytest.mark.parametrize("role", ["cc", "bcc", "reply_to"])

@@ -163,7 +163,9 @@ class OutgoingEmail:
             f"Message-ID: {self.rfc_message_id}",
             f"{MESSAGE_ID_HEADER}: {self.message_id}",
         ]
-        own = {name.lower() for name in self.list_unsubscribe}
+        own: set[str] = set()
+        if self.list_unsubscribe:  # both headers are the fields' then, never a custom one
+            own |= {"list-unsubscribe", "list-unsubscribe-post"}
         if self.reply_to:
             own.add("reply-to")
         for name, value in self.list_unsubscribe.items():
