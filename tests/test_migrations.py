@@ -17,6 +17,7 @@ from sqlalchemy import func, insert, inspect, select, text, update
 from mailbag.domain.ids import uuid7
 from mailbag.domain.states import Status
 from mailbag.store import dispatch, migrate
+from mailbag.store import enqueue as enqueue_store
 from mailbag.store import messages as message_store
 from mailbag.store.database import make_engine
 from mailbag.store.plan import run
@@ -29,7 +30,7 @@ from mailbag.store.schema import (
 )
 
 from conftest import _server_database
-from helpers import T0
+from helpers import T0, message
 
 
 def test_the_migration_and_the_table_definitions_agree(db):
@@ -215,5 +216,39 @@ def test_upgrading_a_database_with_data_keeps_every_row(fresh_url):
                 .where(outbox_messages.c.id == message_id)
                 .values(status=Status.EXPIRED.value)
             )
+    finally:
+        engine.dispose()
+
+
+def test_0006_goes_back_to_0005_and_forward_again_keeping_the_messages(fresh_url):
+    engine = make_engine(fresh_url, null_pool=True)
+    try:
+        migrate.upgrade(engine)
+        with engine.begin() as conn:
+            (created,) = run(
+                conn,
+                enqueue_store.enqueue(
+                    [message(0, priority="high")], now=T0, default_max_attempts=5
+                ),
+            )
+        message_id = created.message.id
+        migrate.downgrade(engine, "0005_key_check")
+        with engine.connect() as conn:
+            assert migrate.current_revision(conn) == "0005_key_check"
+            assert not inspect(conn).has_table("attachments")
+            columns = {c["name"] for c in inspect(conn).get_columns("outbox_messages")}
+            assert "claim_order_at" not in columns and "to_address" in columns
+            assert conn.execute(select(func.count()).select_from(message_events)).scalar() == 1
+        migrate.upgrade(engine)
+        with engine.connect() as conn:
+            context = MigrationContext.configure(
+                conn, opts={"compare_type": True, "compare_server_default": True}
+            )
+            assert compare_metadata(context, metadata_for(conn.dialect.name)) == []
+            back = run(conn, message_store.get(message_id))
+            # Priority did not survive 0005; the message did, due as before.
+            assert back is not None and back.to_address == "user0@example.com"
+            assert (back.priority, back.claim_order_at) == (0, T0)
+            assert len(run(conn, message_store.events(message_id))) == 1
     finally:
         engine.dispose()

@@ -7,6 +7,7 @@ newest migration's revision.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,17 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """
     from alembic import command
 
+    _migrate(engine, lambda config: command.upgrade(config, revision))
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Go back to `revision`, under the same lock (an operator's way back, and the tests')."""
+    from alembic import command
+
+    _migrate(engine, lambda config: command.downgrade(config, revision))
+
+
+def _migrate(engine: Engine, step: Callable[[Config], None]) -> None:
     dialect = engine.dialect.name
     with engine.connect() as connection:
         if dialect == "mysql":
@@ -61,7 +73,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             with connection.begin():
                 if dialect == "postgresql":
                     connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": LOCK_ID})
-                command.upgrade(alembic_config(connection), revision)
+                step(alembic_config(connection))
                 if dialect == "sqlite":
                     _sqlite_check_foreign_keys(connection)
         finally:

@@ -155,4 +155,52 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    raise NotImplementedError("mailbag migrations go forward only")
+    """Back to 0005: what 0005 cannot hold is lost (recipients beyond the first To,
+    attachments, sender identities). Fails while a ready-made or expired message is left."""
+    dialect = op.get_bind().dialect.name
+    mysql = dialect in ("mysql", "mariadb")
+    op.drop_table("tenant_senders")
+    op.drop_table("message_attachments")
+    op.drop_table("attachments")
+    if mysql:
+        op.drop_index("ix_outbox_messages_claimable_at_id", table_name="outbox_messages")
+        op.drop_column("outbox_messages", "claimable_at")
+    else:
+        op.drop_index("ix_outbox_messages_claimable", table_name="outbox_messages")
+    if dialect == "sqlite":
+        op.drop_index("ix_outbox_messages_leased", table_name="outbox_messages")
+    with op.batch_alter_table("email_verifications") as batch:
+        batch.alter_column("template_name", existing_type=sa.String(100), nullable=False)
+    with op.batch_alter_table("outbox_messages") as batch:
+        batch.drop_constraint(STATUS_CHECK, type_="check")
+        batch.create_check_constraint(STATUS_CHECK, sa.text(OLD_STATUS_CHECK_SQL))
+        batch.alter_column("template_name", existing_type=sa.String(100), nullable=False)
+        for column in reversed(_new_columns()):
+            batch.drop_column(column.name)
+    if mysql:
+        op.add_column(
+            "outbox_messages",
+            sa.Column(
+                "claimable_at",
+                UTCDateTime(),
+                sa.Computed(f"CASE WHEN {CLAIMABLE_SQL} THEN next_attempt_at END", persisted=True),
+            ),
+        )
+        op.create_index(
+            "ix_outbox_messages_claimable_at_id", "outbox_messages", ["claimable_at", "id"]
+        )
+    else:
+        op.create_index(
+            "ix_outbox_messages_claimable",
+            "outbox_messages",
+            ["next_attempt_at", "id"],
+            postgresql_where=sa.text(CLAIMABLE_SQL),
+            sqlite_where=sa.text(CLAIMABLE_SQL),
+        )
+    if dialect == "sqlite":
+        op.create_index(
+            "ix_outbox_messages_leased",
+            "outbox_messages",
+            ["lease_expires_at"],
+            sqlite_where=sa.text(PROCESSING_SQL),
+        )
