@@ -161,7 +161,7 @@ async def test_a_bcc_with_a_non_ascii_local_part_needs_smtputf8(
     assert "zoë".encode() not in received.raw
 
 
-async def test_recipients_the_server_refuses_are_left_out_and_logged(
+async def test_recipients_the_server_refuses_are_left_out_and_named_in_the_outcome(
     smtp_server: RecordingSMTPServer,
     make_provider: ProviderFactory,
     caplog: pytest.LogCaptureFixture,
@@ -177,8 +177,13 @@ async def test_recipients_the_server_refuses_are_left_out_and_logged(
     assert isinstance(outcome, Accepted), outcome
     [received] = smtp_server.arrived
     assert received.rcpt_tos == ("ann@example.com", "bob@example.com")
-    assert "carol@example.com: 550 5.1.1 No such user" in caplog.text
-    assert "dave.hidden@example.com: 452 4.2.2 Mailbox full" in caplog.text
+    assert outcome.detail == (
+        "refused at RCPT TO: carol@example.com: 550 5.1.1 No such user; "
+        "dave.hidden@example.com: 452 4.2.2 Mailbox full"
+    )
+    assert outcome.detail in caplog.text
+    # Everyone taken: no detail.
+    assert (await make_provider(smtp_server).send(full_email(3))).detail is None
 
 
 @pytest.mark.parametrize(

@@ -137,7 +137,8 @@ Every other ending is (phase, kind of failure) looked up here:
   SMTPUTF8 when the server lacks it Rejected.
 - RCPT TO is sent for every envelope recipient (To, Cc, Bcc) in the one transaction. When
   the server refuses some and takes others, the message goes to those it took: Accepted,
-  the refused ones logged (a retry would duplicate the email for everyone else). When it
+  with the refused ones and their replies as its `detail` (a retry would duplicate the
+  email for everyone else). When it
   refuses all of them, that is the RCPT TO failure: with several, the most hopeful reply
   decides (530 before any 4xx before 5xx), and the text lists every recipient's reply.
 - CONTENT, after the message bytes started to leave: 4xx Deferred and 5xx Rejected (the
@@ -316,15 +317,14 @@ class SMTPProvider(SendOneByOne):
                 delivered = await self._send_over_pool(envelope)
             except StepFailed as failed:
                 return self._outcome(failed)
+        detail = None
         if delivered.refused:
-            # Accepted has no field for it: the operator sees it in the log. The message
-            # went to everyone else, so it is sent; a retry would duplicate it for them.
-            log.warning(
-                "smtp: message %s accepted, but not for %s",
-                email.message_id,
-                scrub("; ".join(delivered.refused), *self._secrets),
-            )
-        return Accepted(provider_message_id=provider_message_id(delivered.reply.message, email))
+            # The message went to everyone else, so it is sent (a retry would duplicate it
+            # for them); the refused recipients are its detail, kept with the message.
+            detail = scrub("refused at RCPT TO: " + "; ".join(delivered.refused), *self._secrets)
+            log.warning("smtp: message %s accepted, but %s", email.message_id, detail)
+        message_id = provider_message_id(delivered.reply.message, email)
+        return Accepted(provider_message_id=message_id, detail=detail)
 
     async def _send_over_pool(self, envelope: Envelope) -> Delivered:
         connection = await self._checkout()
