@@ -335,3 +335,42 @@ async def test_the_openapi_schema_documents_every_field_with_an_example(db):
     assert all(f.get("examples") for f in attachment["properties"].values())
     out = schema["components"]["schemas"]["MessageOut"]["properties"]
     assert {"recipients", "attachments", "priority", "expires_at", "suppressed"} <= set(out)
+
+
+async def test_the_python_api_takes_the_whole_model(db):
+    import mailbag
+    from mailbag import metrics
+
+    add_sender(db.engine, "default", "billing@acme.example")
+    before = metrics.ENQUEUED.labels("(ready-made)")._value.get()
+    with db.engine.begin() as conn:
+        result = mailbag.enqueue(
+            conn,
+            to=[mailbag.Address("ada@example.com", "Ada"), "charles@example.com"],
+            bcc=["archive@example.com"],
+            from_address="billing@acme.example",
+            subject="Invoice",
+            html="<p>Attached.</p>",
+            attachments=[mailbag.Attachment("invoice.pdf", "application/pdf", PDF)],
+            priority=mailbag.Priority.LOW,
+            limits=mailbag.Limits(max_recipients=3),
+        )
+    assert result.created and result.message.template_name is None
+    assert [a.filename for a in result.message.attachments] == ["invoice.pdf"]
+    assert metrics.ENQUEUED.labels("(ready-made)")._value.get() == before + 1
+    engine = db.async_engine()
+    try:
+        async with engine.begin() as conn:
+            with pytest.raises(mailbag.InvalidMessage) as refused:
+                await mailbag.enqueue_async(
+                    conn,
+                    to=["a@example.com", "b@example.com"],
+                    cc=["c@example.com", "d@example.com"],
+                    template="welcome",
+                    data={"name": "A"},
+                    limits=mailbag.Limits(max_recipients=3),
+                )
+    finally:
+        await engine.dispose()
+    assert "to" in refused.value.errors
+    assert counts(db) == (1, 1, 1)
