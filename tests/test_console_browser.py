@@ -240,10 +240,12 @@ def check_previews(
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
 
     log_in(page, base, f"/admin/messages/{templated.id}")
+    assert page.inner_text("#state") == "pending"  # the message page, not an error page
     body = page.frame_locator("iframe.preview").locator("body").inner_text()
     assert "Hello Ada," in body and "Welcome to mailbag" in body
 
     page.goto(f"{base}/admin/messages/{ready_made.id}")
+    assert page.inner_text("#state") == "pending"
     frame = page.frame_locator("iframe.preview")
     assert "Invoice INV-7 is attached." in frame.locator("body").inner_text()
     logo = frame.locator("img#logo")
