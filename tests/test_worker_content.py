@@ -80,7 +80,7 @@ def worker(async_engine: Any, provider: SMTPProvider, **config: Any) -> Worker:
 def enqueue(db: Any, **fields: Any) -> Any:
     """One message through the public Python API, in a transaction of the caller's."""
     with db.engine.begin() as conn:
-        return mailbag.enqueue_many(conn, [mailbag.new_message(**fields)])[0].message.id
+        return mailbag.enqueue(conn, **fields).message.id
 
 
 def ended(db: Any, *states: Status, total: int) -> Any:
