@@ -345,6 +345,10 @@ async def test_the_detail_page_shows_recipients_sender_and_attachments(db):
         await act(client, "/admin/suppressions/add", tenant="default", email="gone@example.com")
         m = carrying(db)
         page = (await client.get(f"/admin/messages/{m.id}")).text
+        listing = (await client.get("/admin/messages")).text
+    # The list names the first To and counts the others (Bob, Carol, Audit; not the suppressed).
+    assert re.search(r'ada@example.com</a> <span class="muted">\+3</span>', listing)
+    assert "<td>ready-made</td>" in listing
     recipients = re.search(r'<table id="recipients">.*?</table>', page, re.S)
     assert recipients
     rows = [
