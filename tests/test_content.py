@@ -215,6 +215,10 @@ def test_what_the_provider_cannot_carry_is_refused_at_enqueue() -> None:
     assert "(exe)" in refused(**ready(attachments=[exe]), limits=brevo_like)["attachments"]
     pdf = Attachment("Invoice.PDF", "application/pdf", PDF)
     assert new_message(**ready(attachments=[pdf]), limits=brevo_like).attachments == (pdf,)
+    named = Limits(max_name_length=70, provider="brevo")
+    long_name = {"cc": [{"address": "c@example.com", "name": "x" * 71}]}
+    assert "at most 70" in refused(**ready(**long_name), limits=named)["cc"]
+    assert new_message(**ready(cc=[{"address": "c@example.com", "name": "x" * 70}]), limits=named)
 
 
 def test_the_limits_come_from_the_settings_and_the_configured_provider() -> None:
@@ -223,7 +227,7 @@ def test_the_limits_come_from_the_settings_and_the_configured_provider() -> None
     from mailbag.settings import Settings
 
     brevo = message_limits(Settings(provider="brevo", max_recipients=7))
-    assert (brevo.max_recipients, brevo.max_reply_to) == (7, 1)
+    assert (brevo.max_recipients, brevo.max_reply_to, brevo.max_name_length) == (7, 1, 70)
     assert brevo.attachment_extensions == ATTACHMENT_EXTENSIONS
     smtp = message_limits(Settings(provider="smtp", smtp_host="localhost"))
     assert smtp.max_reply_to is None and smtp.attachment_extensions is None

@@ -148,6 +148,7 @@ class Limits:
     # What the configured provider cannot carry (its class declares it; see
     # providers.base.message_limits), refused at enqueue rather than failed at send time.
     max_reply_to: int | None = None
+    max_name_length: int | None = None  # of a recipient's or Reply-To's display name
     attachment_extensions: frozenset[str] | None = None  # lower case, without the dot
     provider: str | None = None  # only names the provider in error texts
 

@@ -301,16 +301,16 @@ def new_message(
     if isinstance(to, str) and to_name and "to_name" not in errors:
         to = Address(to, to_name)
     recipients = Recipients(
-        to=_addresses("to", to, errors, address_rules, required=True),
-        cc=_addresses("cc", cc, errors, address_rules),
-        bcc=_addresses("bcc", bcc, errors, address_rules),
+        to=_addresses("to", to, errors, address_rules, limits, required=True),
+        cc=_addresses("cc", cc, errors, address_rules, limits),
+        bcc=_addresses("bcc", bcc, errors, address_rules, limits),
     )
     if len(recipients) > limits.max_recipients and "to" not in errors:
         errors["to"] = (
             f"{len(recipients)} recipients (to, cc and bcc together); the limit is "
             f"{limits.max_recipients}"
         )
-    replies = _addresses("reply_to", reply_to, errors, address_rules)
+    replies = _addresses("reply_to", reply_to, errors, address_rules, limits)
     if limits.max_reply_to is not None and len(replies) > limits.max_reply_to:
         errors["reply_to"] = (
             f"the configured provider ({limits.provider}) takes at most "
@@ -428,6 +428,7 @@ def _addresses(
     value: AddressInput | Sequence[AddressInput] | None,
     errors: dict[str, str],
     rules: AddressRules,
+    limits: Limits,
     *,
     required: bool = False,
 ) -> tuple[Address, ...]:
@@ -453,6 +454,12 @@ def _addresses(
                 return ()
             if (problem := unsafe_text(display)) is not None:
                 errors[name] = f"the name of {address!r} {problem}"
+                return ()
+            if limits.max_name_length is not None and len(display) > limits.max_name_length:
+                errors[name] = (
+                    f"the name of {address!r} is {len(display)} characters; the configured "
+                    f"provider ({limits.provider}) takes at most {limits.max_name_length}"
+                )
                 return ()
         normalized = _address(name, address, errors, rules)
         if name in errors:

@@ -98,13 +98,14 @@ def address_rules(settings: Settings) -> AddressRules:
 def message_limits(settings: Settings) -> Limits:
     """How much one message may carry with these settings: the sizes they set, and what
     the configured provider's class declares it cannot carry (optional attributes
-    `max_reply_to: int` and `attachment_extensions: frozenset[str]`)."""
+    `max_reply_to`, `max_name_length` and `attachment_extensions`)."""
     declared = _provider_class(settings)
     return Limits(
         max_recipients=settings.max_recipients,
         max_attachment_bytes=settings.max_attachment_bytes,
         max_message_bytes=settings.max_message_bytes,
         max_reply_to=getattr(declared, "max_reply_to", None),
+        max_name_length=getattr(declared, "max_name_length", None),
         attachment_extensions=getattr(declared, "attachment_extensions", None),
         provider=settings.provider,
     )

@@ -382,6 +382,7 @@ class BrevoProvider:
     supports_utf8_local_part = False  # its schema's `format: email` is ASCII only
     # Refused at enqueue (providers.base.message_limits), not only at send time.
     max_reply_to = 1  # its replyTo is one object
+    max_name_length = 70  # "Maximum allowed characters are 70" (to, cc, bcc, replyTo names)
     attachment_extensions = ATTACHMENT_EXTENSIONS
 
     def __init__(
