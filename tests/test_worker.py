@@ -26,7 +26,7 @@ from mailbag.store.plan import run_async
 from mailbag.templates import builtin
 from mailbag.worker import PeriodicJob, Worker, WorkerConfig, WorkerFailed
 
-from helpers import get, run_worker_until, status_counts
+from helpers import events, get, run_worker_until, status_counts
 from memory_provider import MemoryProvider
 
 FAST_RETRY = RetryPolicy(
@@ -101,7 +101,10 @@ async def test_transient_failures_retry_with_backoff_then_succeed(db, async_engi
         make_worker(db, async_engine, provider), all_in(db, Status.SENT, total=1)
     )
     row = get(db, mid)
-    assert (row.attempt_count, row.last_error) == (3, "451 try later")
+    # last_error is the accepted send's own (None: every recipient taken); the failed
+    # attempts stay in the history.
+    assert (row.attempt_count, row.last_error) == (3, None)
+    assert [e.detail for e in events(db, mid) if e.to_status == "retrying"] == ["451 try later"] * 2
     assert [e.attempt for e in provider.sent] == [1, 2, 3]
 
 

@@ -72,5 +72,6 @@ class Report:
                 attempt=changed.message.attempt_count,
                 transition=f"{changed.from_status.value}->{changed.message.status}",
                 provider_message_id=changed.message.provider_message_id,
-                error=changed.message.last_error if changed.message.status != "sent" else None,
+                # A sent message's is the recipients the provider refused, if any.
+                error=changed.message.last_error,
             )
