@@ -231,3 +231,14 @@ def test_the_limits_come_from_the_settings_and_the_configured_provider() -> None
     assert brevo.attachment_extensions == ATTACHMENT_EXTENSIONS
     smtp = message_limits(Settings(provider="smtp", smtp_host="localhost"))
     assert smtp.max_reply_to is None and smtp.attachment_extensions is None
+
+
+def test_expired_messages_are_not_provider_errors() -> None:
+    from mailbag.services.operations import Health
+
+    def rate(endings: dict[str, int]) -> float | None:
+        return Health({}, None, [], endings).provider_error_rate
+
+    assert rate({"sent": 3, "failed": 1}) == 0.25
+    assert rate({"sent": 3, "failed": 1, "expired": 40}) == 0.25
+    assert rate({"expired": 5}) is None

@@ -45,7 +45,8 @@ class Health:
 
     @property
     def provider_error_rate(self) -> float | None:
-        total = sum(self.attempts_last_hour.values())
+        # Only attempts a provider answered: an expired message never reached one.
+        total = sum(n for state, n in self.attempts_last_hour.items() if state != Status.EXPIRED)
         if not total:
             return None
         return 1 - self.attempts_last_hour.get(Status.SENT.value, 0) / total
