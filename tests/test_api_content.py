@@ -65,7 +65,11 @@ async def test_the_whole_model_reads_back(db):
         created = await api.post("/v1/messages", json=full_body())
         assert created.status_code == 201, created.text
         fetched = await api.get(f"/v1/messages/{created.json()['id']}")
+        listed = await api.get("/v1/messages")
+        cancelled = await api.post(f"/v1/messages/{created.json()['id']}/cancel")
     message = fetched.json()
+    assert listed.json()["items"][0]["attachments"] == message["attachments"]
+    assert cancelled.json()["attachments"] == message["attachments"]
     assert fetched.status_code == 200
     assert message == {**created.json(), "events": message["events"]}
     assert message["to"] == "ada@example.com" and message["to_name"] == "Ada Lovelace"
