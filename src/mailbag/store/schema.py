@@ -228,7 +228,7 @@ def _email_verifications(md: MetaData, dialect: str | None) -> Table:
         Column("confirm_attempts", Integer, nullable=False),
         Column("send_count", Integer, nullable=False),
         Column("message_id", Uuid),
-        Column("template_name", String(limits.TEMPLATE_NAME_MAX)),  # NULL: ready-made
+        Column("template_name", String(limits.TEMPLATE_NAME_MAX), nullable=False),
         Column("redirect_url", String(2000)),
         Column("created_at", UTCDateTime, nullable=False),
         Column("updated_at", UTCDateTime, nullable=False),

@@ -3,9 +3,9 @@ List-Unsubscribe, suppressed recipients; attachments stored once per SHA-256; th
 tenant may use. Existing rows keep their data: claim_order_at is their next_attempt_at
 (priority normal), and the claim index moves to it.
 
-SQLite cannot change a column's NULL or a CHECK in place: outbox_messages and
-email_verifications are rebuilt (batch mode), which migrate.upgrade runs with foreign keys
-off, so dropping the old table does not cascade to their events.
+SQLite cannot change a column's NULL or a CHECK in place: outbox_messages is rebuilt
+(batch mode), which migrate.upgrade runs with foreign keys off, so dropping the old table
+does not cascade to its events.
 
 Revision ID: 0006_content
 Revises: 0005_key_check
@@ -74,8 +74,6 @@ def upgrade() -> None:
         batch.alter_column("template_name", existing_type=sa.String(100), nullable=True)
         batch.drop_constraint(STATUS_CHECK, type_="check")
         batch.create_check_constraint(STATUS_CHECK, sa.text(STATUS_CHECK_SQL))
-    with op.batch_alter_table("email_verifications") as batch:
-        batch.alter_column("template_name", existing_type=sa.String(100), nullable=True)
 
     # Every existing message is of normal priority: its claim order is its due time.
     op.execute("UPDATE outbox_messages SET claim_order_at = next_attempt_at")
@@ -169,8 +167,6 @@ def downgrade() -> None:
         op.drop_index("ix_outbox_messages_claimable", table_name="outbox_messages")
     if dialect == "sqlite":
         op.drop_index("ix_outbox_messages_leased", table_name="outbox_messages")
-    with op.batch_alter_table("email_verifications") as batch:
-        batch.alter_column("template_name", existing_type=sa.String(100), nullable=False)
     with op.batch_alter_table("outbox_messages") as batch:
         batch.drop_constraint(STATUS_CHECK, type_="check")
         batch.create_check_constraint(STATUS_CHECK, sa.text(OLD_STATUS_CHECK_SQL))
