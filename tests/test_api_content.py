@@ -312,6 +312,8 @@ async def test_admin_api_manages_sender_identities(db):
         assert sent.status_code == 201, sent.text
         bad = await admin.post(base, json={"address": "not an address"}, headers=auth)
         assert bad.status_code == 422 and "address" in bad.json()["errors"]
+        listed = await admin.get("/v1/admin/messages", headers=auth)
+        assert listed.json()["items"][0]["from_name"] == "Acme News"
         unknown = await admin.get("/v1/admin/tenants/t_nobody/senders", headers=auth)
         assert unknown.status_code == 404
         removed = await admin.delete(f"{base}/news@acme.example", headers=auth)
@@ -378,3 +380,15 @@ async def test_the_python_api_takes_the_whole_model(db):
         await engine.dispose()
     assert "to" in refused.value.errors
     assert counts(db) == (1, 1, 1)
+
+
+async def test_the_admin_api_shows_attachments_in_lists_and_details(db):
+    _, key = acme(db)
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with api_client(db, key, admin_token=ADMIN_TOKEN) as api:
+        created = (await api.post("/v1/messages", json=full_body())).json()
+        listed = await api.get("/v1/admin/messages", headers=auth)
+        detail = await api.get(f"/v1/admin/messages/{created['id']}", headers=auth)
+    assert listed.json()["items"][0]["attachments"] == created["attachments"]
+    assert detail.json()["attachments"] == created["attachments"]
+    assert detail.json()["recipients"]["bcc"] == [{"address": "archive@example.com"}]
