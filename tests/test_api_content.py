@@ -392,3 +392,15 @@ async def test_the_admin_api_shows_attachments_in_lists_and_details(db):
     assert listed.json()["items"][0]["attachments"] == created["attachments"]
     assert detail.json()["attachments"] == created["attachments"]
     assert detail.json()["recipients"]["bcc"] == [{"address": "archive@example.com"}]
+
+
+async def test_what_the_provider_cannot_carry_is_refused_at_enqueue(db):
+    _, key = acme(db)
+    # Brevo takes one Reply-To: two are a 422 now, not a failed send later.
+    async with api_client(db, key, provider="brevo", allow_test_domains=True) as api:
+        r = await api.post(
+            "/v1/messages", json=_with(reply_to=["a@acme.example", "b@acme.example"])
+        )
+    assert r.status_code == 422, r.text
+    assert "reply_to" in r.json()["errors"]
+    assert counts(db) == (0, 0, 0)

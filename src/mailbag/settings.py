@@ -173,12 +173,11 @@ class Settings(BaseSettings):
 
     @cached_property
     def limits(self) -> Limits:
-        """How much one message may carry: the API and the CLI pass these to new_message."""
-        return Limits(
-            max_recipients=self.max_recipients,
-            max_attachment_bytes=self.max_attachment_bytes,
-            max_message_bytes=self.max_message_bytes,
-        )
+        """How much one message may carry: these settings and what the provider cannot
+        carry. The API and the CLI pass them to new_message."""
+        from mailbag.providers.base import message_limits
+
+        return message_limits(self)
 
     @property
     def message_body_bytes(self) -> int:
