@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from sqlalchemy import update
@@ -207,3 +208,31 @@ async def test_a_record_stored_before_bodies_were_kept_as_text_still_replays(db)
         again = await api.post("/v1/messages", json=BODY, headers={"Idempotency-Key": "old"})
     assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
     assert again.json() == first.json()
+
+
+async def test_an_answer_stored_before_messages_carried_more_still_replays(db):
+    _, key = new_tenant(db)
+    new_fields = [
+        "recipients",
+        "reply_to",
+        "from_name",
+        "ready_made",
+        "has_html",
+        "has_text",
+        "attachments",
+        "priority",
+        "expires_at",
+        "unsubscribe_url",
+        "unsubscribe_mailto",
+        "suppressed",
+    ]
+    async with api_client(db, key) as api:
+        first = await api.post("/v1/messages", json=BODY, headers={"Idempotency-Key": "older"})
+        old_body = {k: v for k, v in first.json().items() if k not in new_fields}
+        for stored in (old_body, json.dumps(old_body)):  # as an object, and as text
+            with db.engine.begin() as conn:
+                conn.execute(update(idempotency_records).values(response_body=stored))
+            again = await api.post("/v1/messages", json=BODY, headers={"Idempotency-Key": "older"})
+            assert again.status_code == 201, again.text
+            assert again.headers["Idempotent-Replayed"] == "true"
+            assert again.json()["id"] == first.json()["id"]

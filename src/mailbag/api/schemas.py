@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.functional_validators import AfterValidator
 from pydantic_core import PydanticCustomError
 
@@ -291,6 +291,8 @@ class AttachmentOut(BaseModel):
 
 
 class MessageOut(BaseModel):
+    # Fields added after the first release have defaults: an idempotent replay answers with
+    # the body stored then, which lacks them.
     model_config = ConfigDict(populate_by_name=True)
 
     id: str
@@ -298,24 +300,26 @@ class MessageOut(BaseModel):
     to: str = Field(description="The first To recipient.")
     to_name: str | None
     recipients: RecipientsOut = Field(description="Every recipient (suppressed ones dropped).")
-    reply_to: list[AddressOut]
+    reply_to: list[AddressOut] = Field(default_factory=list)
     from_: str | None = Field(None, alias="from")
-    from_name: str | None
+    from_name: str | None = None
     template: str | None = Field(description="None for ready-made content.")
-    ready_made: bool
-    has_html: bool = Field(description="Ready-made content with an HTML body.")
-    has_text: bool = Field(description="Ready-made content with a text body.")
+    ready_made: bool = False
+    has_html: bool = Field(False, description="Ready-made content with an HTML body.")
+    has_text: bool = Field(False, description="Ready-made content with a text body.")
     subject: str | None
     data: dict[str, Any]
-    attachments: list[AttachmentOut]
+    attachments: list[AttachmentOut] = Field(default_factory=list)
     tags: list[str]
     metadata: dict[str, Any]
     headers: dict[str, str]
-    priority: Literal["high", "normal", "low"]
-    expires_at: datetime | None
-    unsubscribe_url: str | None
-    unsubscribe_mailto: str | None
-    suppressed: list[str] = Field(description="Recipients dropped: on the suppression list.")
+    priority: Literal["high", "normal", "low"] = "normal"
+    expires_at: datetime | None = None
+    unsubscribe_url: str | None = None
+    unsubscribe_mailto: str | None = None
+    suppressed: list[str] = Field(
+        default_factory=list, description="Recipients dropped: on the suppression list."
+    )
     attempt_count: int
     max_attempts: int
     next_attempt_at: datetime
@@ -326,6 +330,15 @@ class MessageOut(BaseModel):
     provider_message_id: str | None
     last_error: str | None
     events: list[Event] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_recipient(cls, value: Any) -> Any:
+        # A body stored before messages had several recipients names only `to`.
+        if isinstance(value, dict) and "recipients" not in value and "to" in value:
+            to = {"address": value["to"], "name": value.get("to_name")}
+            return {**value, "recipients": {"to": [to], "cc": [], "bcc": []}}
+        return value
 
 
 class MessagePage(BaseModel):
