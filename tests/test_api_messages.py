@@ -236,3 +236,30 @@ async def test_an_answer_stored_before_messages_carried_more_still_replays(db):
             assert again.status_code == 201, again.text
             assert again.headers["Idempotent-Replayed"] == "true"
             assert again.json()["id"] == first.json()["id"]
+
+
+def test_a_plain_message_keeps_the_fingerprint_it_had_before_messages_carried_more():
+    from mailbag.domain.message import new_message
+    from mailbag.services.idempotency import fingerprint
+    from mailbag.services.messages import message_fingerprint
+
+    message = new_message(to="Ada@Example.COM", to_name="Ada", template="welcome", data={"n": 1})
+    before = fingerprint(  # the fields, as the fingerprint was computed before
+        "POST /v1/messages",
+        {
+            "to": "ada@example.com",
+            "to_name": "Ada",
+            "template": "welcome",
+            "data": {"n": 1},
+            "subject": None,
+            "send_at": None,
+            "tags": [],
+            "metadata": {},
+            "headers": {},
+        },
+    )
+    assert message_fingerprint(message) == before
+    with_cc = new_message(to="ada@example.com", cc=["b@example.com"], template="welcome")
+    assert message_fingerprint(with_cc) != message_fingerprint(
+        new_message(to="ada@example.com", template="welcome")
+    )
