@@ -1,5 +1,6 @@
 -- messages.page (mysql)
--- Newest first (ids are time-ordered), up to `limit`, and whether more follow.
+-- Newest first (ids are time-ordered), up to `limit`, and whether more follow; with their
+-- attachments (references, not bytes).
 -- Written by `python -m mailbag.store.sqldocs` from the plan; do not edit.
 
 -- step 1
@@ -7,3 +8,8 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
 FROM outbox_messages
 WHERE outbox_messages.status = :status_1 AND outbox_messages.tenant_id = :tenant_id_1 AND outbox_messages.id < :id_1 ORDER BY outbox_messages.id DESC
  LIMIT :param_1;
+
+-- step 2
+SELECT message_attachments.message_id, message_attachments.filename, message_attachments.content_type, attachments.size, message_attachments.sha256, message_attachments.content_id
+FROM message_attachments INNER JOIN attachments ON attachments.sha256 = message_attachments.sha256
+WHERE message_attachments.message_id IN (:message_id_1_1) ORDER BY message_attachments.message_id, message_attachments.position;

@@ -25,13 +25,11 @@ from mailbag.services.messages import (
     decode_cursor,
     encode_cursor,
     public,
-    with_attachments,
 )
 from mailbag.services.operations import NotAllowed
 from mailbag.services.reconciliation import Reconciler
 from mailbag.services.tenants import Senders
 from mailbag.store.senders import SenderIdentity
-from mailbag.store.session import AsyncDatabase
 from mailbag.web import client_address
 
 ACTOR = "operator:api"
@@ -109,8 +107,6 @@ async def messages(
     where = Filter(status, tenant_id, to, template, created_from, created_to)
     before = decode_cursor(cursor) if cursor else None
     found, more = await svc.operations.messages(where, limit=limit, before=before)
-    async with AsyncDatabase(svc.engine).connect(read_only=True) as tx:
-        found = await tx.run(with_attachments(found))
     return {
         "items": [public(m) for m in found],
         "next_cursor": encode_cursor(found[-1].id) if more and found else None,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,6 @@ from mailbag.settings import Settings
 from mailbag.store import attachments as attachment_store
 from mailbag.store import messages as store
 from mailbag.store import operator
-from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase, AsyncSession
 
 if TYPE_CHECKING:  # engines are handed in, never made here
@@ -192,7 +190,6 @@ class Messages:
         which = Filter(tenant_id=tenant_id, status=status, to=to)
         async with self.db.connect() as tx:
             items, more = await tx.run(store.page(which, limit=limit, before=before))
-            items = await tx.run(with_attachments(items))
         return {
             "items": [public(m) for m in items],
             "next_cursor": encode_cursor(items[-1].id) if more and items else None,
@@ -205,22 +202,12 @@ class Messages:
         async with self.db.transaction() as tx:
             changed = await tx.run(operator.cancel(where=which, now=now, actor=ACTOR))
             if changed:
-                (cancelled,) = await tx.run(with_attachments([changed[0].message]))
+                (cancelled,) = await tx.run(attachment_store.attached([changed[0].message]))
                 return public(cancelled)
             current = await tx.run(store.get(message_id, tenant_id))
         if current is None:
             raise MessageNotFound(str(message_id))
         raise NotCancellable(current.status)
-
-
-def with_attachments(messages: list[Message]) -> Plan[list[Message]]:
-    """The messages with their attachments' references (one query, only for the messages
-    that carry any)."""
-    ids = [m.id for m in messages if m.attachment_count]
-    if not ids:
-        return messages
-    carried = yield from attachment_store.refs(ids)
-    return [replace(m, attachments=carried.get(m.id, m.attachments)) for m in messages]
 
 
 def encode_cursor(message_id: uuid.UUID) -> str:

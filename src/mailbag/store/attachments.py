@@ -11,12 +11,14 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, delete, exists, func, insert, select, update
 
 from mailbag.domain.content import Attachment, AttachmentRef
+from mailbag.domain.message import Message
 from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import attachments as at
 from mailbag.store.schema import message_attachments as ma
@@ -121,6 +123,16 @@ def refs(message_ids: Sequence[uuid.UUID]) -> Plan[dict[uuid.UUID, tuple[Attachm
     for row in (yield Step(query)).all():
         found[row.message_id].append(_ref(row))
     return {message_id: tuple(items) for message_id, items in found.items()}
+
+
+def attached(messages: list[Message]) -> Plan[list[Message]]:
+    """These messages with their attachments' references filled in: one query, and none
+    at all when no message carries any (most claims and pages)."""
+    ids = [m.id for m in messages if m.attachment_count]
+    if not ids:
+        return messages
+    carried = yield from refs(ids)
+    return [replace(m, attachments=carried[m.id]) if m.id in carried else m for m in messages]
 
 
 def contents(sha256s: Collection[str]) -> Plan[dict[str, bytes]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -121,14 +121,7 @@ def claim(
         event=EventSpec(offset=1),
     )
     claimed = sorted((c.message for c in changed), key=lambda m: (m.claim_order_at, m.id))
-    with_attachments = [m.id for m in claimed if m.attachment_count]
-    if with_attachments:  # most claims carry none: they read nothing more
-        carried = yield from attachments.refs(with_attachments)
-        if carried:
-            claimed = [
-                replace(m, attachments=carried[m.id]) if m.id in carried else m for m in claimed
-            ]
-    return Claim(token, claimed)
+    return Claim(token, (yield from attachments.attached(claimed)))
 
 
 def extend_lease(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -89,16 +89,9 @@ def enqueue(
             results.append(Enqueued(holder, created=False))
         else:
             results.append(Enqueued(_message(new_row, m), created=True))
-    replayed = {r.message.id for r in results if not r.created and r.message.attachment_count}
-    if replayed:
-        carried_before = yield from attachment_store.refs(list(replayed))
-        if carried_before:
-            results = [
-                replace(r, message=replace(r.message, attachments=carried_before[r.message.id]))
-                if not r.created and r.message.id in carried_before
-                else r
-                for r in results
-            ]
+    if holders := [r.message for r in results if not r.created]:
+        found = {m.id: m for m in (yield from attachment_store.attached(holders))}
+        results = [r if r.created else Enqueued(found[r.message.id], False) for r in results]
     # Within one call the same key may appear twice: only its first row was inserted.
     seen: set[uuid.UUID] = set()
     created = []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import ColumnElement, Row, and_, func, select, true
@@ -23,11 +22,8 @@ def get(message_id: uuid.UUID, tenant_id: str | None = None) -> Plan[Message | N
     row = (yield Step(query)).first()
     if row is None:
         return None
-    message = message_from_row(row)
-    if not message.attachment_count:
-        return message
-    carried = yield from attachments.refs([message.id])
-    return replace(message, attachments=carried.get(message.id, ()))
+    (message,) = yield from attachments.attached([message_from_row(row)])
+    return message
 
 
 def matching(where: Filter) -> ColumnElement[bool]:
@@ -54,12 +50,14 @@ def matching(where: Filter) -> ColumnElement[bool]:
 def page(
     where: Filter, *, limit: int, before: uuid.UUID | None = None
 ) -> Plan[tuple[list[Message], bool]]:
-    """Newest first (ids are time-ordered), up to `limit`, and whether more follow."""
+    """Newest first (ids are time-ordered), up to `limit`, and whether more follow; with
+    their attachments (references, not bytes)."""
     query = select(om).where(matching(where))
     if before is not None:
         query = query.where(om.c.id < before)
     rows = (yield Step(query.order_by(om.c.id.desc()).limit(limit + 1))).all()
-    return [message_from_row(row) for row in rows[:limit]], len(rows) > limit
+    found = yield from attachments.attached([message_from_row(row) for row in rows[:limit]])
+    return found, len(rows) > limit
 
 
 def events(message_id: uuid.UUID) -> Plan[list[Row[Any]]]:

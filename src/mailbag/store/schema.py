@@ -120,8 +120,8 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         Column("ambiguous_since", UTCDateTime),
         # What a message can carry (migration 0006). NULL recipients: to_address alone.
         Column("from_name", String(limits.NAME_MAX)),
-        Column("recipients", json_type()),
-        Column("reply_to", json_type()),
+        Column("recipients", json_type(none_as_null=True)),
+        Column("reply_to", json_type(none_as_null=True)),
         Column("html", long_text()),
         Column("text", long_text()),
         Column("expires_at", UTCDateTime),
@@ -130,7 +130,7 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         Column("claim_order_at", UTCDateTime),
         Column("unsubscribe_url", String(content.UNSUBSCRIBE_URL_MAX)),
         Column("unsubscribe_mailto", String(limits.ADDRESS_MAX)),
-        Column("suppressed", json_type()),
+        Column("suppressed", json_type(none_as_null=True)),
         # How many message_attachments rows it has: a claim reads them only when some do.
         Column("attachment_count", SmallInteger, nullable=False, server_default="0"),
         CheckConstraint(STATUS_CHECK_SQL, name="status"),

@@ -401,6 +401,7 @@ PARTS = {
     "transition.guarded_update": "transition.apply_transition",
     "transition.record": "transition.apply_transition, enqueue, verifications.create",
     "attachments.store": "enqueue.enqueue",
+    "attachments.attached": "attachments.refs, when a message carries any (claim, get, page)",
 }
 
 

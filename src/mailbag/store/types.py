@@ -64,9 +64,14 @@ def long_binary() -> TypeEngine[Any]:
     return LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 
 
-def json_type() -> TypeEngine[Any]:
-    """JSON everywhere, JSONB on PostgreSQL (indexable, compact, no duplicate keys)."""
-    return JSON().with_variant(postgresql.JSONB(), "postgresql")
+def json_type(*, none_as_null: bool = False) -> TypeEngine[Any]:
+    """JSON everywhere, JSONB on PostgreSQL (indexable, compact, no duplicate keys).
+
+    `none_as_null`: Python None is SQL NULL rather than JSON `null`, so an unset optional
+    column is neither serialized on write nor parsed on read (every claim reads them)."""
+    return JSON(none_as_null=none_as_null).with_variant(
+        postgresql.JSONB(none_as_null=none_as_null), "postgresql"
+    )
 
 
 def bigint_pk() -> TypeEngine[int]:
