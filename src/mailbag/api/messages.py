@@ -56,14 +56,6 @@ async def create_message(
     a different body is a 409. A message over the size limits is a 413 (message-too-large);
     any other invalid field a 422 naming it."""
     limits = svc.settings.limits
-    count = sum(len(_listed(v)) for v in (body.to, body.cc, body.bcc))
-    if count > limits.max_recipients:  # before checking each of a possibly huge list
-        raise InvalidMessage(
-            {
-                "to": f"{count} recipients (to, cc and bcc together); the limit is "
-                f"{limits.max_recipients}"
-            }
-        )
     message = new_message(
         to=_mailboxes(body.to) or [],
         to_name=body.to_name,

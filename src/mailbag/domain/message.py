@@ -300,15 +300,18 @@ def new_message(
     check_text("to_name", to_name, NAME_MAX)
     if isinstance(to, str) and to_name and "to_name" not in errors:
         to = Address(to, to_name)
-    recipients = Recipients(
-        to=_addresses("to", to, errors, address_rules, limits, required=True),
-        cc=_addresses("cc", cc, errors, address_rules, limits),
-        bcc=_addresses("bcc", bcc, errors, address_rules, limits),
-    )
-    if len(recipients) > limits.max_recipients and "to" not in errors:
+    # Counted before any address is checked: a list of a million is refused at once.
+    given = sum(_count(value) for value in (to, cc, bcc))
+    if given > limits.max_recipients:
         errors["to"] = (
-            f"{len(recipients)} recipients (to, cc and bcc together); the limit is "
-            f"{limits.max_recipients}"
+            f"{given} recipients (to, cc and bcc together); the limit is {limits.max_recipients}"
+        )
+        recipients = Recipients(to=())
+    else:
+        recipients = Recipients(
+            to=_addresses("to", to, errors, address_rules, limits, required=True),
+            cc=_addresses("cc", cc, errors, address_rules, limits),
+            bcc=_addresses("bcc", bcc, errors, address_rules, limits),
         )
     replies = _addresses("reply_to", reply_to, errors, address_rules, limits)
     if limits.max_reply_to is not None and len(replies) > limits.max_reply_to:
@@ -421,6 +424,12 @@ def new_message(
         unsubscribe_mailto=mailto,
         max_attempts=max_attempts,
     )
+
+
+def _count(value: object) -> int:
+    if value is None or isinstance(value, str | Address | Mapping):
+        return 0 if value is None else 1
+    return len(value) if isinstance(value, Sequence) else 1
 
 
 def _addresses(
