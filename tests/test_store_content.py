@@ -162,9 +162,10 @@ def test_recipients_and_reply_to_round_trip(db):
         ),
     )
     with db.engine.connect() as conn:
-        rows = conn.execute(select(outbox_messages.c.id, outbox_messages.c.recipients))
-        stored = {row.id: row.recipients for row in rows}
+        rows = conn.execute(select(outbox_messages.c.id, outbox_messages.c.carried))
+        stored = {row.id: row.carried for row in rows}
     assert stored[single.id] is None  # one To and nothing else: no JSON at all
+    assert set(stored[multi.id]) == {"recipients", "reply_to"}
     read = get(db, multi.id)
     assert read.recipients == Recipients(
         to=(Address("ada@example.com"), Address("bob@example.com", "Bob")),

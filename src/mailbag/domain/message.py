@@ -704,21 +704,21 @@ class Message:
     last_error: str | None
     sent_at: datetime | None
     ambiguous_since: datetime | None
-    # Added with what a message can carry (migration 0006); store.message_transitions
-    # turns their stored form into these types.
+    # Added with what a message can carry (migration 0006): columns first, in order,
+    expires_at: datetime | None = None
+    priority: int = Priority.NORMAL
+    claim_order_at: datetime | None = None
+    attachment_count: int = 0
+    # then what the `carried` JSON column holds (store.message_transitions unpacks it),
     from_name: str | None = None
     recipients: Recipients | None = None  # None: to_address alone (see `all_recipients`)
     reply_to: tuple[Address, ...] = ()
     html: str | None = None
     text: str | None = None
-    expires_at: datetime | None = None
-    priority: int = Priority.NORMAL
-    claim_order_at: datetime | None = None
     unsubscribe_url: str | None = None
     unsubscribe_mailto: str | None = None
     suppressed: tuple[str, ...] = ()  # recipients dropped at enqueue: on the suppression list
-    attachment_count: int = 0
-    # Not a column: read from message_attachments when asked for.
+    # and the attachments' references, read from message_attachments when asked for.
     attachments: tuple[AttachmentRef, ...] = ()
 
     @property

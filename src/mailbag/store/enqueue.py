@@ -15,14 +15,21 @@ from sqlalchemy import (
     select,
 )
 
-from mailbag.domain.content import Attachment, Recipients, head_start
+from mailbag.domain.content import Attachment, head_start
 from mailbag.domain.ids import uuid7
 from mailbag.domain.message import InvalidMessage, Message, NewMessage
 from mailbag.domain.states import MESSAGES, Action
 from mailbag.store import attachments as attachment_store
 from mailbag.store import senders as sender_store
 from mailbag.store import suppressions as suppression_store
-from mailbag.store.message_transitions import LAST_ERROR, MESSAGE_ROWS, message_from_row, om
+from mailbag.store.message_transitions import (
+    LAST_ERROR,
+    MESSAGE_ROWS,
+    carried_json,
+    message_from_row,
+    om,
+    unpacked,
+)
 from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.transition import history_row, record
 from mailbag.store.types import insert_unless_taken
@@ -147,16 +154,10 @@ def _check_senders(
 
 
 def _message(row: dict[str, Any], m: NewMessage) -> Message:
-    """The Message a created row is, its JSON columns as their types."""
-    recipients = row["recipients"]
+    """The Message a created row is (`carried` unpacked into its fields)."""
+    columns = {key: value for key, value in row.items() if key != "carried"}
     return Message(
-        **{
-            **row,
-            "recipients": Recipients.from_json(recipients) if recipients is not None else None,
-            "reply_to": m.reply_to,
-            "suppressed": tuple(row["suppressed"] or ()),
-            "attachments": tuple(a.ref for a in m.attachments),
-        }
+        **columns, **unpacked(row["carried"] or {}), attachments=tuple(a.ref for a in m.attachments)
     )
 
 
@@ -204,17 +205,15 @@ def _new_row(
         "last_error": "suppressed" if failed else None,
         "sent_at": None,
         "ambiguous_since": None,
-        "from_name": m.from_name or (sender_name if m.from_address else None),
-        # The common case (one To, nothing else) costs no JSON at all.
-        "recipients": None if recipients.is_single else recipients.as_json(),
-        "reply_to": [a.as_json() for a in m.reply_to] or None,
-        "html": m.html,
-        "text": m.text,
+        # The common case (one To, a template) writes NULL here.
+        "carried": carried_json(
+            m,
+            recipients,
+            [a.address for a in m.recipients if a.address.lower() in dropped],
+            m.from_name or (sender_name if m.from_address else None),
+        ),
         "expires_at": m.expires_at,
         "priority": int(m.priority),
         "claim_order_at": next_attempt_at - head_start(m.priority),
-        "unsubscribe_url": m.unsubscribe_url,
-        "unsubscribe_mailto": m.unsubscribe_mailto,
-        "suppressed": [a.address for a in m.recipients if a.address.lower() in dropped] or None,
         "attachment_count": len(m.attachments),
     }

@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import ColumnElement, Row
 
 from mailbag.domain.content import Address, Recipients
-from mailbag.domain.message import Message
+from mailbag.domain.message import Message, NewMessage
 from mailbag.domain.states import MESSAGES, Action, Status
 from mailbag.store import verifications
 from mailbag.store.plan import Plan
@@ -78,13 +78,51 @@ CLAIM_CLEARED: dict[str, Any] = {
 }
 
 MESSAGE_COLUMNS = len(om.columns)
+_CARRIED = [c.name for c in om.columns].index("carried")
 # Rows are turned into Messages by position (the hot path of every claim and finalize):
-# the dataclass must list the table's columns in the table's order (then `attachments`,
-# which is not a column).
-assert list(Message.__dataclass_fields__) == [c.name for c in om.columns] + ["attachments"]
-_RECIPIENTS, _REPLY_TO, _SUPPRESSED = (
-    [c.name for c in om.columns].index(name) for name in ("recipients", "reply_to", "suppressed")
+# the dataclass lists the table's columns in the table's order but `carried`, whose keys
+# are the fields that follow them.
+_COLUMN_FIELDS = [c.name for c in om.columns if c.name != "carried"]
+assert list(Message.__dataclass_fields__)[: len(_COLUMN_FIELDS)] == _COLUMN_FIELDS
+CARRIED_FIELDS = (
+    "from_name",
+    "recipients",
+    "reply_to",
+    "html",
+    "text",
+    "unsubscribe_url",
+    "unsubscribe_mailto",
+    "suppressed",
 )
+
+
+def carried_json(
+    m: NewMessage, recipients: Recipients, suppressed: Sequence[str], from_name: str | None
+) -> dict[str, Any] | None:
+    """The `carried` column of a new message: only what it has, None when it is plain."""
+    carried: dict[str, Any] = {
+        "from_name": from_name,
+        "recipients": None if recipients.is_single else recipients.as_json(),
+        "reply_to": [a.as_json() for a in m.reply_to],
+        "html": m.html,
+        "text": m.text,
+        "unsubscribe_url": m.unsubscribe_url,
+        "unsubscribe_mailto": m.unsubscribe_mailto,
+        "suppressed": list(suppressed),
+    }
+    kept = {key: value for key, value in carried.items() if value}
+    return kept or None
+
+
+def unpacked(carried: Mapping[str, Any]) -> dict[str, Any]:
+    fields = {key: carried[key] for key in CARRIED_FIELDS if key in carried}
+    if "recipients" in fields:
+        fields["recipients"] = Recipients.from_json(fields["recipients"])
+    if "reply_to" in fields:
+        fields["reply_to"] = tuple(Address.from_json(a) for a in fields["reply_to"])
+    if "suppressed" in fields:
+        fields["suppressed"] = tuple(fields["suppressed"])
+    return fields
 
 
 def settled_from_row(row: Row[Any]) -> Settled:
@@ -92,14 +130,12 @@ def settled_from_row(row: Row[Any]) -> Settled:
 
 
 def message_from_row(row: Row[Any]) -> Message:
-    """A Message from a row that starts with all of outbox_messages' columns, in order.
-    The JSON of the columns added by 0006 becomes their types (most rows have NULLs)."""
-    values = list(row[:MESSAGE_COLUMNS])
-    if values[_RECIPIENTS] is not None:
-        values[_RECIPIENTS] = Recipients.from_json(values[_RECIPIENTS])
-    values[_REPLY_TO] = tuple(Address.from_json(a) for a in values[_REPLY_TO] or ())
-    values[_SUPPRESSED] = tuple(values[_SUPPRESSED] or ())
-    return Message(*values)
+    """A Message from a row that starts with all of outbox_messages' columns, in order;
+    what `carried` holds (most rows: nothing) becomes the fields after the columns."""
+    values = row[:MESSAGE_COLUMNS]
+    carried = values[_CARRIED]
+    columns = (*values[:_CARRIED], *values[_CARRIED + 1 :])
+    return Message(*columns) if carried is None else Message(*columns, **unpacked(carried))
 
 
 def transition(

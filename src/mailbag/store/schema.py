@@ -33,7 +33,7 @@ from mailbag.domain import content
 from mailbag.domain import message as limits
 from mailbag.domain.states import CLAIMABLE, Status
 from mailbag.domain.verification import ACTIVE, VState
-from mailbag.store.types import UTCDateTime, bigint_pk, json_type, long_binary, long_text
+from mailbag.store.types import UTCDateTime, bigint_pk, json_type, long_binary, long_json
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -118,19 +118,15 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         # Set while retries reuse one provider idempotency key after an ambiguous send: the
         # retry is only safe while the provider still remembers that key.
         Column("ambiguous_since", UTCDateTime),
-        # What a message can carry (migration 0006). NULL recipients: to_address alone.
-        Column("from_name", String(limits.NAME_MAX)),
-        Column("recipients", json_type(none_as_null=True)),
-        Column("reply_to", json_type(none_as_null=True)),
-        Column("html", long_text()),
-        Column("text", long_text()),
+        # What a message can carry beyond one To and a template (migration 0006): recipients,
+        # reply-to, sender name, ready-made html/text, unsubscribe, suppressed recipients, as
+        # one JSON object (message_transitions.carried_json); NULL for a plain message, so
+        # the common case reads and writes one NULL, not eight.
+        Column("carried", long_json()),
         Column("expires_at", UTCDateTime),
         Column("priority", SmallInteger, nullable=False, server_default="0"),
         # next_attempt_at less the priority's head start (content.HEAD_START): claim order.
         Column("claim_order_at", UTCDateTime),
-        Column("unsubscribe_url", String(content.UNSUBSCRIBE_URL_MAX)),
-        Column("unsubscribe_mailto", String(limits.ADDRESS_MAX)),
-        Column("suppressed", json_type(none_as_null=True)),
         # How many message_attachments rows it has: a claim reads them only when some do.
         Column("attachment_count", SmallInteger, nullable=False, server_default="0"),
         CheckConstraint(STATUS_CHECK_SQL, name="status"),

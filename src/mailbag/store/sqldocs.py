@@ -23,7 +23,7 @@ import pkgutil
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ from mailbag.store import (
     tenants,
     verifications,
 )
-from mailbag.store.message_transitions import Changed
+from mailbag.store.message_transitions import Changed, message_from_row
 from mailbag.store.plan import Plan, Step, answering
 from mailbag.store.schema import outbox_messages
 
@@ -160,8 +160,8 @@ def _row(columns: Sequence[Any], samples: Mapping[str, Any]) -> SampleRow:
 
 def _message(**values: Any) -> Message:
     """A sample stored message."""
-    row = _row(list(outbox_messages.columns), {})
-    return Message(**{**dict(row._mapping), **values})
+    row = _row(list(outbox_messages.columns), {"carried": None})
+    return replace(message_from_row(row), **values)  # type: ignore[arg-type]  # a Row in all but name
 
 
 SENDER = "billing@example.com"

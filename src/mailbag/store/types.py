@@ -16,7 +16,6 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     Table,
-    Text,
 )
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.types import TypeDecorator, TypeEngine
@@ -54,9 +53,10 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def long_text() -> TypeEngine[Any]:
-    """Text of up to 4 GiB: MariaDB's TEXT stops at 64 KiB."""
-    return Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+def long_json() -> TypeEngine[Any]:
+    """An optional JSON document that may be large (a ready-made HTML body): SQL NULL when
+    unset, JSONB on PostgreSQL, LONGTEXT-backed JSON on MariaDB (its JSON is LONGTEXT)."""
+    return json_type(none_as_null=True)
 
 
 def long_binary() -> TypeEngine[Any]:

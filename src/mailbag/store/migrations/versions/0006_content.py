@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from mailbag.store.types import UTCDateTime, json_type, long_binary, long_text
+from mailbag.store.types import UTCDateTime, json_type, long_binary
 
 revision = "0006_content"
 down_revision = "0005_key_check"
@@ -40,17 +40,10 @@ STATUS_CHECK = "ck_outbox_messages_status"
 
 def _new_columns() -> list[sa.Column[object]]:
     return [
-        sa.Column("from_name", sa.String(255)),
-        sa.Column("recipients", json_type()),
-        sa.Column("reply_to", json_type()),
-        sa.Column("html", long_text()),
-        sa.Column("text", long_text()),
+        sa.Column("carried", json_type()),
         sa.Column("expires_at", UTCDateTime()),
         sa.Column("priority", sa.SmallInteger(), nullable=False, server_default="0"),
         sa.Column("claim_order_at", UTCDateTime()),
-        sa.Column("unsubscribe_url", sa.String(2000)),
-        sa.Column("unsubscribe_mailto", sa.String(255)),
-        sa.Column("suppressed", json_type()),
         sa.Column("attachment_count", sa.SmallInteger(), nullable=False, server_default="0"),
     ]
 
