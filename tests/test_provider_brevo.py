@@ -5,9 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import struct
 import uuid
-import zlib
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
@@ -40,7 +38,7 @@ from mailbag.providers.brevo import (
 from mailbag.settings import Settings
 
 from brevo_server import SEND_PATH, BrevoServer, Endpoint
-from helpers import T0, outgoing_email
+from helpers import T0, outgoing_email, tiny_pdf, tiny_png
 
 CLIENT_TIMEOUT = 0.5  # seconds: short, so the "accepted, then silence" cases stay quick
 
@@ -513,51 +511,8 @@ async def test_lookup_failure_raises_a_clear_error(
 # --- everything one message can carry ---------------------------------------------------
 
 
-def pdf_bytes(text: str = "Invoice 42") -> bytes:
-    """A real one-page PDF (header, catalog, page, content stream, xref, trailer)."""
-    stream = f"BT /F1 18 Tf 72 720 Td ({text}) Tj ET".encode()
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R"
-        b" /Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream),
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1,
-        xref,
-    )
-    return bytes(out)
-
-
-def png_bytes() -> bytes:
-    """A real 2x2 RGB PNG."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-        )
-
-    rows = b"".join(b"\x00" + b"\xff\x00\x00" * 2 for _ in range(2))  # filter 0, red pixels
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0))
-        + chunk(b"IDAT", zlib.compress(rows))
-        + chunk(b"IEND", b"")
-    )
-
-
-PDF = pdf_bytes()
-PNG = png_bytes()
+PDF = tiny_pdf()
+PNG = tiny_png()
 BCC = "hidden@example.org"
 
 
