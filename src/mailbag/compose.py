@@ -22,7 +22,7 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import quote
 
-from mailbag.domain.content import Address, Attachment, Recipients, cid_references
+from mailbag.domain.content import Address, Attachment, Recipients, unresolved_cid
 from mailbag.domain.message import (
     STRUCTURED_HEADERS,
     InvalidMessage,
@@ -286,14 +286,8 @@ def check_renders(message: NewMessage, catalog: Catalog) -> None:
         rendered = catalog.render(message.template_name, message.template_data, message.subject)
     except TemplateError as exc:
         raise InvalidMessage({"template": f"does not render with this data: {exc}"}) from None
-    # An inline image the HTML refers to but nobody attached would show as a broken image.
-    missing = cid_references(rendered.html) - {
-        a.content_id for a in message.attachments if a.content_id
-    }
-    if missing:
-        raise InvalidMessage(
-            {"html": f"refers to cid:{sorted(missing)[0]}, and no attachment has that content_id"}
-        )
+    if (problem := unresolved_cid(rendered.html, message.attachments)) is not None:
+        raise InvalidMessage({"html": problem})
 
 
 # --- writing headers ------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import mimetypes
 import re
 import uuid
 from typing import Annotated, Any
@@ -22,7 +21,7 @@ from mailbag.api.schemas import (
     MessagePage,
 )
 from mailbag.compose import check_renders
-from mailbag.domain.content import Address, Attachment, Limits
+from mailbag.domain.content import Address, Attachment, Limits, guess_content_type
 from mailbag.domain.message import (
     ANY_ADDRESS,
     InvalidMessage,
@@ -122,9 +121,7 @@ def _attachments(given: list[AttachmentIn], limits: Limits) -> list[Attachment]:
             raise InvalidMessage(
                 {"attachments": f"{where}.content is not valid base64 (RFC 4648)"}
             ) from None
-        content_type = item.content_type or (
-            mimetypes.guess_type(item.filename)[0] or "application/octet-stream"
-        )
+        content_type = item.content_type or guess_content_type(item.filename)
         found.append(Attachment(item.filename, content_type, content, item.content_id))
     return found
 

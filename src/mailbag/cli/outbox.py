@@ -175,9 +175,7 @@ def read_text(option: str, path: Path) -> str:
 def attachment(spec: str, max_bytes: int) -> Attachment:
     """An --attach value (FILE[;type=MIME/TYPE][;cid=ID]) read into an Attachment; a file
     over the limit is refused before it is read."""
-    import mimetypes
-
-    from mailbag.domain.content import Attachment
+    from mailbag.domain.content import Attachment, guess_content_type
 
     name, *params = spec.split(";")
     options: dict[str, str] = {}
@@ -197,9 +195,7 @@ def attachment(spec: str, max_bytes: int) -> Attachment:
         content = path.read_bytes()
     except OSError as exc:
         fail(f"--attach {name}: {exc.strerror or exc}")
-    content_type = options.get("type") or (
-        mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    )
+    content_type = options.get("type") or guess_content_type(path.name)
     return Attachment(path.name, content_type, content, options.get("cid"))
 
 

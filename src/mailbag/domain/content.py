@@ -5,8 +5,9 @@ them to every new message."""
 from __future__ import annotations
 
 import hashlib
+import mimetypes
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import IntEnum
@@ -208,6 +209,20 @@ def content_id_problem(value: str) -> str | None:
 def cid_references(html: str) -> set[str]:
     """The content ids the HTML refers to as cid:..."""
     return {match.group(1) for match in CID_REFERENCE.finditer(html)}
+
+
+def unresolved_cid(html: str, attachments: Iterable[Attachment | AttachmentRef]) -> str | None:
+    """Why the HTML cannot show as meant, or None: a cid: it refers to that no attachment
+    has (an inline image nobody attached would show broken)."""
+    missing = cid_references(html) - {a.content_id for a in attachments if a.content_id}
+    if not missing:
+        return None
+    return f"refers to cid:{sorted(missing)[0]}, and no attachment has that content_id"
+
+
+def guess_content_type(filename: str) -> str:
+    """The MIME type a file's name suggests, for callers that did not say."""
+    return mimetypes.guess_type(filename)[0] or "application/octet-stream"
 
 
 _INLINER = css_inline.CSSInliner(load_remote_stylesheets=False, keep_at_rules=True)

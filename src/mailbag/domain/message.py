@@ -24,11 +24,11 @@ from mailbag.domain.content import (
     Limits,
     Priority,
     Recipients,
-    cid_references,
     content_id_problem,
     content_type_problem,
     inline_css,
     text_from_html,
+    unresolved_cid,
 )
 from mailbag.domain.states import Status
 
@@ -361,12 +361,9 @@ def new_message(
             f"the message carries {total} bytes (bodies and attachments); the limit is "
             f"{limits.max_message_bytes}"
         )
-    if html is not None and "attachments" not in errors:
-        missing = cid_references(html) - {a.content_id for a in files if a.content_id}
-        if missing:
-            errors["html"] = (
-                f"refers to cid:{sorted(missing)[0]}, and no attachment has that content_id"
-            )
+    cid_problem = unresolved_cid(html, files) if html is not None else None
+    if cid_problem is not None and "attachments" not in errors:
+        errors["html"] = cid_problem
 
     template_data = _json_object("data", data, errors, TEMPLATE_DATA_MAX_BYTES)
     meta = _json_object("metadata", metadata, errors, TEMPLATE_DATA_MAX_BYTES)
