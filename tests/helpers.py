@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -48,6 +49,39 @@ def claim(
 ) -> dispatch.Claim:
     with db.engine.begin() as conn:
         return run(conn, dispatch.claim(worker_id=worker, now=now, lease=lease, limit=limit))
+
+
+def race_claims(db: Any, claimers: int, limit: int) -> list[list[Any]]:
+    """Claimers on separate connections, started together, claiming until nothing is due:
+    the ids each one took. Raises what any of them raised."""
+    engine = db.new_engine(pool_size=claimers)
+    start = threading.Barrier(claimers)
+    taken: list[list[Any]] = [[] for _ in range(claimers)]
+    errors: list[BaseException] = []
+
+    def claimer(index: int) -> None:
+        try:
+            start.wait()
+            while True:
+                with engine.begin() as conn:
+                    batch = run(
+                        conn,
+                        dispatch.claim(worker_id=f"w{index}", now=T0, lease=LEASE, limit=limit),
+                    )
+                if not batch.messages:
+                    return
+                taken[index].extend(m.id for m in batch.messages)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(claimers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    engine.dispose()
+    assert not errors, errors
+    return taken
 
 
 def finalize(

@@ -20,7 +20,19 @@ from mailbag.store import messages as message_store
 from mailbag.store.plan import run, run_async
 from mailbag.store.schema import message_events, outbox_messages
 
-from helpers import LEASE, T0, claim, count_rows, enqueue, events, finalize, get, message, sweep
+from helpers import (
+    LEASE,
+    T0,
+    claim,
+    count_rows,
+    enqueue,
+    events,
+    finalize,
+    get,
+    message,
+    race_claims,
+    sweep,
+)
 
 LATER = T0 + timedelta(days=365)
 
@@ -55,33 +67,7 @@ def test_concurrent_claimers_take_every_row_exactly_once(db):
                 [message(i) for i in range(total)], now=T0, default_max_attempts=5
             ),
         )
-    engine = db.new_engine(pool_size=claimers)
-    start = threading.Barrier(claimers)
-    taken: list[list] = [[] for _ in range(claimers)]
-    errors: list[BaseException] = []
-
-    def claimer(index: int) -> None:
-        try:
-            start.wait()
-            while True:
-                with engine.begin() as conn:
-                    batch = run(
-                        conn,
-                        dispatch.claim(worker_id=f"w{index}", now=T0, lease=LEASE, limit=25),
-                    )
-                if not batch.messages:
-                    return
-                taken[index].extend(m.id for m in batch.messages)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(claimers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    engine.dispose()
-    assert not errors, errors
+    taken = race_claims(db, claimers, limit=25)
     every = [mid for ids in taken for mid in ids]
     duplicates = [mid for mid, n in Counter(every).items() if n > 1]
     assert duplicates == []

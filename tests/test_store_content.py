@@ -5,7 +5,6 @@ priority in the claim, expiry, and the purge of attachments nothing references."
 from __future__ import annotations
 
 import os
-import threading
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -18,7 +17,7 @@ from mailbag.domain.delivery import Decision
 from mailbag.domain.message import Filter, InvalidMessage, NewMessage
 from mailbag.domain.states import Action, Status
 from mailbag.services import maintenance
-from mailbag.store import attachments, dispatch, operator, senders, stats, suppressions
+from mailbag.store import attachments, operator, senders, stats, suppressions
 from mailbag.store import enqueue as enqueue_store
 from mailbag.store.plan import Plan, run, run_async
 from mailbag.store.schema import (
@@ -31,7 +30,7 @@ from mailbag.store.schema import (
     tenant_senders,
 )
 
-from helpers import LEASE, T0, claim, finalize, get, message
+from helpers import T0, claim, finalize, get, message, race_claims
 
 PDF = b"%PDF-1.7\n" + os.urandom(200_000) + b"\n%%EOF\n"
 LOGO = b"\x89PNG\r\n\x1a\n" + os.urandom(3_000)
@@ -369,33 +368,7 @@ def test_concurrent_claims_with_mixed_priorities_take_every_message_once(db):
     total, claimers = 900, 6
     levels = ("high", "normal", "low")
     put(db, *[message(i, priority=levels[i % 3]) for i in range(total)])
-    engine = db.new_engine(pool_size=claimers)
-    start = threading.Barrier(claimers)
-    taken: list[list[Any]] = [[] for _ in range(claimers)]
-    errors: list[BaseException] = []
-
-    def claimer(index: int) -> None:
-        try:
-            start.wait()
-            while True:
-                with engine.begin() as conn:
-                    batch = run(
-                        conn,
-                        dispatch.claim(worker_id=f"w{index}", now=T0, lease=LEASE, limit=20),
-                    )
-                if not batch.messages:
-                    return
-                taken[index].extend(m.id for m in batch.messages)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(claimers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    engine.dispose()
-    assert not errors, errors
+    taken = race_claims(db, claimers, limit=20)
     every = [mid for ids in taken for mid in ids]
     assert [mid for mid, n in Counter(every).items() if n > 1] == []
     assert len(every) == total
