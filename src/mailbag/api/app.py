@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mailbag import console, log, metrics, metrics_server, templates
-from mailbag.api import admin, messages, verifications, webhooks
+from mailbag.api import admin, batch, docs, hooks, messages, verifications, webhooks
 from mailbag.api.deadline import RETRY_AFTER_SECONDS, DatabaseDeadline, database_unavailable
 from mailbag.api.problems import ProblemError, unauthorized
 from mailbag.clock import Clock, utcnow
@@ -78,13 +78,18 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
         "are RFC 9457 problem+json.",
         lifespan=lifespan,
         dependencies=[Depends(storable_parameters)],
+        docs_url=None,  # served by docs.install from the installed packages, not a CDN
+        redoc_url=None,
     )
+    docs.install(app)
     app.include_router(messages.router)
+    app.include_router(batch.router)
     app.include_router(verifications.router)
     if settings.admin_password is not None:
         app.include_router(console.router(settings))
     app.include_router(webhooks.router)
     app.include_router(admin.router)
+    app.include_router(hooks.router)
     app.state.sns_certificates = webhooks.SnsCertificates(settings.sns_cert_hosts)
     app.state.confirm_subscription = webhooks.confirm_subscription
     install_error_handlers(app)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typer
 
-from mailbag.cli import invocation, maintenance, outbox, run, tenants
+from mailbag.cli import bulk, hooks, invocation, maintenance, outbox, run, tenants
 
 app = typer.Typer(
     name="mailbag",
@@ -27,6 +27,7 @@ app.callback()(invocation.begin)
 COMMANDS = (
     maintenance.migrate,
     outbox.enqueue,
+    bulk.send_bulk,
     outbox.stats,
     outbox.top,
     outbox.requeue,
@@ -42,3 +43,4 @@ for command in COMMANDS:
     app.command()(command)
 app.add_typer(outbox.suppressions, name="suppressions")
 app.add_typer(tenants.tenants, name="tenants")
+app.add_typer(hooks.hooks, name="hooks")
