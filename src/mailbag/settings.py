@@ -38,6 +38,7 @@ SECRET_SETTINGS = (
     "metrics_token",
     "smtp_password",
     "brevo_api_key",
+    "hooks_key",
 )
 
 TLSMode = Literal["auto", "starttls", "implicit", "none"]  # SMTP_TLS: see providers/smtp.py
@@ -129,6 +130,15 @@ class Settings(BaseSettings):
     metrics_token: SecretStr | None = None  # set: /metrics wants `Authorization: Bearer ...`
     metrics_tenant_labels: bool = False  # per-tenant series name tenant ids: off unless asked
 
+    # Event hooks (domain/hooks.py). HOOKS_KEY encrypts endpoint secrets at rest; unset or
+    # empty turns hooks off everywhere: no fan-out, no deliveries, admin routes answer 404.
+    hooks_key: SecretStr | None = None
+    hook_max_attempts: int = Field(8, ge=1, le=100)
+    hook_timeout_seconds: float = Field(10.0, gt=0, le=300)  # one POST, connect to last byte
+    hook_retry_base_seconds: float = Field(10.0, gt=0)  # then x5 each time, at most 6 hours
+    # Let endpoints use http:// to localhost (tests, local development); never in production.
+    hook_allow_http_localhost: bool = False
+
     @field_validator(*SECRET_SETTINGS, mode="before")
     @classmethod
     def _empty_secret_is_unset(cls, value: object) -> object:
@@ -146,6 +156,30 @@ class Settings(BaseSettings):
                 "(unset it to turn the console off)"
             )
         return value
+
+    @field_validator("hooks_key")
+    @classmethod
+    def _long_hooks_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < keys.MIN_LENGTH:
+            raise ValueError(
+                f"HOOKS_KEY must be at least {keys.MIN_LENGTH} characters "
+                "(unset it to turn event hooks off)"
+            )
+        return value
+
+    @property
+    def hooks_enabled(self) -> bool:
+        return self.hooks_key is not None
+
+    @cached_property
+    def hook_retry_policy(self) -> RetryPolicy:
+        base = timedelta(seconds=self.hook_retry_base_seconds)
+        return RetryPolicy(
+            max_attempts=self.hook_max_attempts,
+            base=base,
+            multiplier=5.0,
+            cap=max(base, timedelta(hours=6)),
+        )
 
     @cached_property
     def key(self) -> bytes:
