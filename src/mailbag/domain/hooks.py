@@ -36,8 +36,6 @@ from ipaddress import ip_address
 from typing import Any
 from urllib.parse import urlsplit
 
-from cryptography.fernet import Fernet, InvalidToken
-
 from mailbag.domain.machine import Counted, Machine, Transition
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
@@ -215,11 +213,13 @@ def parse_secret(secret: str) -> bytes:
 class SecretBox:
     """Endpoint secrets at rest: Fernet (AES-128-CBC + HMAC-SHA256) under a key derived
     from HOOKS_KEY, so a database dump holds no usable secret. Opening a secret sealed
-    under another key raises InvalidSignature's sibling, `WrongHooksKey`."""
+    under another key raises `WrongHooksKey`."""
 
     def __init__(self, hooks_key: str) -> None:
         if not hooks_key:
             raise ValueError("an empty HOOKS_KEY turns hooks off; it cannot encrypt")
+        from cryptography.fernet import Fernet  # only where secrets are sealed or opened
+
         digest = hashlib.sha256(f"mailbag/hooks/{hooks_key}".encode()).digest()
         self._fernet = Fernet(base64.urlsafe_b64encode(digest))
 
@@ -227,6 +227,8 @@ class SecretBox:
         return self._fernet.encrypt(secret.encode()).decode("ascii")
 
     def open(self, sealed: str) -> str:
+        from cryptography.fernet import InvalidToken
+
         try:
             return self._fernet.decrypt(sealed.encode("ascii")).decode()
         except InvalidToken as exc:

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     Computed,
@@ -24,12 +25,14 @@ from sqlalchemy import (
     SmallInteger,
     String,
     Table,
+    Text,
     Uuid,
     text,
 )
 from sqlalchemy.sql.schema import SchemaItem
 
 from mailbag.domain import content
+from mailbag.domain import hooks as hook_rules
 from mailbag.domain import message as limits
 from mailbag.domain.states import CLAIMABLE, Status
 from mailbag.domain.verification import ACTIVE, VState
@@ -54,6 +57,9 @@ STATUS_CHECK_SQL = f"status IN ({_sql_list(set(Status))})"
 PROCESSING_SQL = f"status = '{Status.PROCESSING.value}'"
 V_ACTIVE_SQL = f"state IN ({_sql_list(ACTIVE)})"
 V_STATE_CHECK_SQL = f"state IN ({_sql_list(set(VState))})"
+HOOK_CLAIMABLE_SQL = f"status IN ({_sql_list(hook_rules.CLAIMABLE_DELIVERIES)})"
+HOOK_STATUS_CHECK_SQL = f"status IN ({_sql_list(set(hook_rules.DState))})"
+HOOK_PROCESSING_SQL = f"status = '{hook_rules.DState.PROCESSING.value}'"
 
 
 def _table(name: str, md: MetaData, *items: SchemaItem) -> Table:
@@ -402,6 +408,95 @@ def _tenant_senders(md: MetaData) -> Table:
     )
 
 
+def _hook_endpoints(md: MetaData) -> Table:
+    """Where a tenant's event hooks go (domain/hooks.py). `events` holds the subscribed
+    names between commas (`,sent,bounced,`); `secret` is the signing secret sealed with
+    HOOKS_KEY (domain.hooks.SecretBox), never the secret itself."""
+    return _table(
+        "hook_endpoints",
+        md,
+        Column("id", Uuid, primary_key=True),
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("url", String(hook_rules.URL_MAX), nullable=False),
+        Column("events", String(200), nullable=False),
+        Column("enabled", Boolean, nullable=False),
+        Column("description", String(hook_rules.DESCRIPTION_MAX)),
+        Column("secret", String(500), nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("updated_at", UTCDateTime, nullable=False),
+        Index(None, "tenant_id", "created_at"),
+    )
+
+
+def _hook_deliveries(md: MetaData, dialect: str | None) -> Table:
+    """One event for one endpoint, delivered through an outbox of its own (store/hooks.py).
+    No foreign key to its endpoint: the fan-out writes deliveries in the transaction of a
+    message's change and must never fail it because an endpoint was deleted meanwhile (a
+    claim only takes deliveries of an endpoint that exists and is enabled)."""
+    table = _table(
+        "hook_deliveries",
+        md,
+        Column("id", Uuid, primary_key=True),
+        Column("endpoint_id", Uuid, nullable=False),
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("event", String(30), nullable=False),
+        Column("message_id", Uuid, nullable=False),
+        Column("webhook_id", String(40), nullable=False),  # same for every retry and replay
+        Column("payload", Text, nullable=False),  # the exact body of every attempt
+        Column("status", String(STATUS_LENGTH), nullable=False),
+        Column("attempts", Integer, nullable=False),
+        Column("max_attempts", Integer, nullable=False),
+        Column("next_attempt_at", UTCDateTime, nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("updated_at", UTCDateTime, nullable=False),
+        Column("delivered_at", UTCDateTime),
+        Column("claim_token", Uuid),
+        Column("claimed_by", String(200)),
+        Column("lease_expires_at", UTCDateTime),
+        Column("last_status_code", Integer),
+        Column("last_error", String(limits.ERROR_MAX)),
+        CheckConstraint(HOOK_STATUS_CHECK_SQL, name="status"),
+        Index(None, "tenant_id", "created_at", "id"),
+        Index(None, "endpoint_id", "created_at"),
+        Index(None, "message_id"),
+        Index(None, "webhook_id"),
+    )
+    if _is_mysql(dialect):
+        table.append_column(
+            Column(
+                "claimable_at",
+                UTCDateTime,
+                Computed(
+                    f"CASE WHEN {HOOK_CLAIMABLE_SQL} THEN next_attempt_at END", persisted=True
+                ),
+            )
+        )
+        Index(None, table.c.claimable_at, table.c.id)
+        Index(None, table.c.status, table.c.lease_expires_at)
+    else:
+        Index(
+            "ix_hook_deliveries_claimable",
+            table.c.next_attempt_at,
+            table.c.id,
+            **_where(HOOK_CLAIMABLE_SQL),
+        )
+        Index("ix_hook_deliveries_leased", table.c.lease_expires_at, **_where(HOOK_PROCESSING_SQL))
+    return table
+
+
+def _hook_delivery_events(md: MetaData) -> Table:
+    return _history(
+        md,
+        "hook_delivery_events",
+        "delivery_id",
+        "hook_deliveries",
+        ("from_status", "to_status"),
+        Column("attempt", Integer, nullable=False),
+        Column("status_code", Integer),
+        Column("detail", String(limits.ERROR_MAX)),
+    )
+
+
 def _is_mysql(dialect: str | None) -> bool:
     return dialect in ("mysql", "mariadb")
 
@@ -422,6 +517,9 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     _attachments(md)
     _message_attachments(md)
     _tenant_senders(md)
+    _hook_endpoints(md)
+    _hook_deliveries(md, dialect)
+    _hook_delivery_events(md)
     return md
 
 
@@ -440,6 +538,9 @@ deployment = metadata.tables["deployment"]
 attachments = metadata.tables["attachments"]
 message_attachments = metadata.tables["message_attachments"]
 tenant_senders = metadata.tables["tenant_senders"]
+hook_endpoints = metadata.tables["hook_endpoints"]
+hook_deliveries = metadata.tables["hook_deliveries"]
+hook_delivery_events = metadata.tables["hook_delivery_events"]
 _mysql_metadata = build_metadata("mysql")
 
 
