@@ -8,6 +8,8 @@ Create Date: 2026-11-30
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -22,7 +24,7 @@ depends_on = None
 CLAIMABLE_SQL = "status IN ('pending', 'retrying')"
 PROCESSING_SQL = "status = 'processing'"
 STATUS_CHECK_SQL = "status IN ('dead', 'delivered', 'pending', 'processing', 'retrying')"
-TABLE_OPTIONS = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+TABLE_OPTIONS: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
 
 
 def upgrade() -> None:
