@@ -1,0 +1,217 @@
+"""Each API operation as a plan (client/core.py): the request it makes and the model it
+returns. The sync and async clients expose these same functions, signatures and
+docstrings included (client/clients.py), so each operation is written here only."""
+
+from __future__ import annotations
+
+import builtins
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from mailbag.client.core import Core, Plan, new_idempotency_key
+from mailbag.client.errors import NotCancellable
+from mailbag.client.models import (
+    Address,
+    Attachment,
+    Message,
+    MessagePage,
+    MessageStatus,
+    Priority,
+    Verification,
+)
+
+# One address as a string or an Address, or a list of them.
+Mailbox = str | Address
+Mailboxes = Mailbox | Sequence[Mailbox]
+
+
+def _mailboxes(value: Mailboxes) -> str | builtins.list[Any]:
+    def one(mailbox: Mailbox) -> Any:
+        if isinstance(mailbox, Address):
+            return mailbox.model_dump(exclude_none=True)
+        return mailbox
+
+    return value if isinstance(value, str) else [one(m) for m in _as_list(value)]
+
+
+def _as_list(value: Mailboxes) -> builtins.list[Mailbox]:
+    return [value] if isinstance(value, Address) else builtins.list(value)
+
+
+def _id(value: str | uuid.UUID) -> str:
+    return quote(str(value), safe="")
+
+
+def _replayed(response: httpx.Response) -> bool:
+    return bool(response.headers.get("Idempotent-Replayed") == "true")
+
+
+class MessagePlans:
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    def send(
+        self,
+        to: Mailboxes,
+        *,
+        to_name: str | None = None,
+        cc: Mailboxes | None = None,
+        bcc: Mailboxes | None = None,
+        reply_to: Mailboxes | None = None,
+        from_address: str | None = None,
+        from_name: str | None = None,
+        template: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        subject: str | None = None,
+        html: str | None = None,
+        text: str | None = None,
+        inline_css: bool = False,
+        attachments: Sequence[Attachment] = (),
+        send_at: datetime | None = None,
+        expires_at: datetime | None = None,
+        priority: Priority = "normal",
+        unsubscribe_url: str | None = None,
+        unsubscribe_mailto: str | None = None,
+        tags: Sequence[str] = (),
+        metadata: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Plan[Message]:
+        """Put an email into the outbox: a `template` with its `data`, or ready-made
+        content (`subject` with `html` and/or `text`). `to`, `cc`, `bcc` and `reply_to`
+        take an address, an Address (with a name), or a list of them; datetimes need a
+        zone. Safe to call again with the same `idempotency_key` (one is made for this
+        call when none is given, and used on each of its retries): the server answers
+        with the first message (`replayed` True) and sends nothing twice."""
+        given: dict[str, Any] = {
+            "to": _mailboxes(to),
+            "to_name": to_name,
+            "cc": None if cc is None else _mailboxes(cc),
+            "bcc": None if bcc is None else _mailboxes(bcc),
+            "reply_to": None if reply_to is None else _mailboxes(reply_to),
+            "from": from_address,
+            "from_name": from_name,
+            "template": template,
+            "data": None if data is None else dict(data),
+            "subject": subject,
+            "html": html,
+            "text": text,
+            "inline_css": inline_css or None,
+            "attachments": [a.to_json() for a in attachments] or None,
+            "send_at": send_at.isoformat() if send_at else None,
+            "expires_at": expires_at.isoformat() if expires_at else None,
+            "priority": None if priority == "normal" else priority,
+            "unsubscribe_url": unsubscribe_url,
+            "unsubscribe_mailto": unsubscribe_mailto,
+            "tags": builtins.list(tags) or None,
+            "metadata": None if metadata is None else dict(metadata),
+            "headers": None if headers is None else dict(headers),
+        }
+        # Defaults are left out: the body is what the caller said, no more.
+        body = {name: value for name, value in given.items() if value is not None}
+        response = yield from self.core.call(
+            "POST",
+            "/v1/messages",
+            json=body,
+            idempotency_key=idempotency_key or new_idempotency_key(),
+        )
+        return Message.model_validate({**response.json(), "replayed": _replayed(response)})
+
+    def get(self, message_id: str | uuid.UUID) -> Plan[Message]:
+        """The message with its full event history (`events`)."""
+        response = yield from self.core.call("GET", f"/v1/messages/{_id(message_id)}")
+        return Message.model_validate(response.json())
+
+    def list(
+        self,
+        *,
+        status: MessageStatus | None = None,
+        to: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Plan[MessagePage]:
+        """One page of messages, newest first (`limit` 1 to 100); pass the page's
+        `next_cursor` as `cursor` for the next one. `iter` walks every page."""
+        params: dict[str, str | int] = {"limit": limit}
+        for name, value in (("status", status), ("to", to), ("cursor", cursor)):
+            if value is not None:
+                params[name] = value
+        response = yield from self.core.call("GET", "/v1/messages", params=params)
+        return MessagePage.model_validate(response.json())
+
+    def cancel(self, message_id: str | uuid.UUID) -> Plan[Message]:
+        """Withdraw a message no worker has taken yet (else NotCancellable, whose
+        `status_now` says where it is)."""
+        try:
+            response = yield from self.core.call("POST", f"/v1/messages/{_id(message_id)}/cancel")
+        except NotCancellable as exc:
+            # An earlier attempt whose answer was lost (or a 503 whose work committed after
+            # all) may have cancelled it: then this call did what it was asked.
+            if exc.attempts > 1 and exc.status_now == "cancelled":
+                return (yield from self.get(message_id))
+            raise
+        return Message.model_validate(response.json())
+
+
+class VerificationPlans:
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    def start(
+        self,
+        email: str,
+        *,
+        template: str | None = None,
+        redirect_url: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Plan[Verification]:
+        """Send a verification email to `email` (template default: verify-email); its
+        link points at `redirect_url` with the token and id appended. Idempotent as
+        `send`. ActiveVerificationExists names a verification already under way for
+        the address: `resend` that one."""
+        given = {"email": email, "template": template, "redirect_url": redirect_url}
+        body: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        if data is not None:
+            body["data"] = dict(data)
+        response = yield from self.core.call(
+            "POST",
+            "/v1/email-verifications",
+            json=body,
+            idempotency_key=idempotency_key or new_idempotency_key(),
+        )
+        return Verification.model_validate({**response.json(), "replayed": _replayed(response)})
+
+    def get(self, verification_id: str | uuid.UUID) -> Plan[Verification]:
+        response = yield from self.core.call(
+            "GET", f"/v1/email-verifications/{_id(verification_id)}"
+        )
+        return Verification.model_validate(response.json())
+
+    def confirm(self, verification_id: str | uuid.UUID, token: str) -> Plan[Verification]:
+        """Confirm with the token from the email: state `verified` (also when it already
+        was). A wrong token is BadRequest (`problem["attempts_left"]`), after five the
+        verification is Locked; an expired one is Gone."""
+        response = yield from self.core.call(
+            "POST",
+            f"/v1/email-verifications/{_id(verification_id)}/confirm",
+            json={"token": token},
+        )
+        return Verification.model_validate(response.json())
+
+    def resend(
+        self, verification_id: str | uuid.UUID, *, idempotency_key: str | None = None
+    ) -> Plan[Verification]:
+        """A new token (the old one stops working) in a new email; rate limited
+        (RateLimited with `retry_after`)."""
+        response = yield from self.core.call(
+            "POST",
+            f"/v1/email-verifications/{_id(verification_id)}/resend",
+            idempotency_key=idempotency_key or new_idempotency_key(),
+        )
+        return Verification.model_validate({**response.json(), "replayed": _replayed(response)})
