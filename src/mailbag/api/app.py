@@ -98,7 +98,10 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
         BodyLimit,
         max_bytes=settings.max_body_bytes,
         # A message carries its attachments in the body: it may be as large as they need.
-        larger={("POST", "/v1/messages"): settings.message_body_bytes},
+        larger={
+            ("POST", "/v1/messages"): settings.message_body_bytes,
+            ("POST", "/v1/messages/batch"): settings.message_body_bytes,  # the items together
+        },
     )
     app.add_middleware(RequestContext)
 
