@@ -9,11 +9,11 @@ WITH locked AS
 FROM outbox_messages
 WHERE outbox_messages.status IN ('processing') AND outbox_messages.id IN (:id_1_1::UUID) AND outbox_messages.claim_token = :claim_token_1::UUID FOR UPDATE),
 updated AS
-(UPDATE outbox_messages SET status='sent', attempt_count=(outbox_messages.attempt_count + :attempt_count_2::INTEGER), updated_at=:param_3::TIMESTAMP WITH TIME ZONE, claim_token=:param_4::UUID, claimed_by=:param_5::VARCHAR, claimed_at=:param_6::TIMESTAMP WITH TIME ZONE, lease_expires_at=:param_7::TIMESTAMP WITH TIME ZONE, provider=:param_8::VARCHAR, provider_message_id=CASE outbox_messages.id WHEN :param_9::UUID THEN :param_10::VARCHAR ELSE outbox_messages.provider_message_id END, last_error=:param_11::VARCHAR, sent_at=:param_12::TIMESTAMP WITH TIME ZONE, ambiguous_since=:param_13::TIMESTAMP WITH TIME ZONE FROM locked WHERE outbox_messages.id = locked.id RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.template_name, outbox_messages.metadata, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.claimed_by, locked.previous_state),
+(UPDATE outbox_messages SET status='sent', attempt_count=(outbox_messages.attempt_count + :attempt_count_2::INTEGER), updated_at=:param_3::TIMESTAMP WITH TIME ZONE, claim_token=:param_4::UUID, claimed_by=:param_5::VARCHAR, claimed_at=:param_6::TIMESTAMP WITH TIME ZONE, lease_expires_at=:param_7::TIMESTAMP WITH TIME ZONE, provider=:param_8::VARCHAR, provider_message_id=CASE outbox_messages.id WHEN :param_9::UUID THEN :param_10::VARCHAR ELSE outbox_messages.provider_message_id END, last_error=:param_11::VARCHAR, sent_at=:param_12::TIMESTAMP WITH TIME ZONE, ambiguous_since=:param_13::TIMESTAMP WITH TIME ZONE FROM locked WHERE outbox_messages.id = locked.id RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.template_name, outbox_messages.metadata, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.claimed_by, outbox_messages.to_address, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail, provider_message_id, attempt) SELECT updated.id AS id, updated.previous_state AS previous_state, updated.status AS status, :param_1::TIMESTAMP WITH TIME ZONE AS anon_1, :param_2::VARCHAR AS anon_2, substr(updated.last_error, :substr_2::INTEGER, :substr_3::INTEGER) AS substr_1, updated.provider_message_id AS provider_message_id, updated.attempt_count + :attempt_count_1::INTEGER AS anon_3
 FROM updated)
- SELECT updated.id, updated.tenant_id, updated.status, updated.attempt_count, updated.template_name, updated.metadata, updated.provider_message_id, updated.last_error, updated.claimed_by, updated.previous_state
+ SELECT updated.id, updated.tenant_id, updated.status, updated.attempt_count, updated.template_name, updated.metadata, updated.provider_message_id, updated.last_error, updated.claimed_by, updated.to_address, updated.previous_state
 FROM updated;
 
 -- step 2
@@ -30,19 +30,24 @@ FROM updated)
 FROM updated;
 
 -- step 3
+SELECT hook_endpoints.id, hook_endpoints.tenant_id, hook_endpoints.events
+FROM hook_endpoints
+WHERE hook_endpoints.tenant_id IN (:tenant_id_1_1::VARCHAR) AND hook_endpoints.enabled = true;
+
+-- step 4
 WITH locked AS
 (SELECT outbox_messages.id AS id, outbox_messages.status AS previous_state
 FROM outbox_messages
 WHERE outbox_messages.status IN ('processing') AND outbox_messages.id IN (:id_1_1::UUID) AND outbox_messages.claim_token = :claim_token_1::UUID FOR UPDATE),
 updated AS
-(UPDATE outbox_messages SET status='retrying', attempt_count=(outbox_messages.attempt_count + :attempt_count_2::INTEGER), next_attempt_at=:param_3::TIMESTAMP WITH TIME ZONE, updated_at=:param_4::TIMESTAMP WITH TIME ZONE, claim_token=:param_5::UUID, claimed_by=:param_6::VARCHAR, claimed_at=:param_7::TIMESTAMP WITH TIME ZONE, lease_expires_at=:param_8::TIMESTAMP WITH TIME ZONE, provider=:param_9::VARCHAR, last_error=:param_10::VARCHAR, ambiguous_since=:param_11::TIMESTAMP WITH TIME ZONE, claim_order_at=CASE outbox_messages.priority WHEN :param_12::INTEGER THEN :param_13::TIMESTAMP WITH TIME ZONE WHEN :param_14::INTEGER THEN :param_15::TIMESTAMP WITH TIME ZONE ELSE :param_16::TIMESTAMP WITH TIME ZONE END FROM locked WHERE outbox_messages.id = locked.id RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.template_name, outbox_messages.metadata, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.claimed_by, locked.previous_state),
+(UPDATE outbox_messages SET status='retrying', attempt_count=(outbox_messages.attempt_count + :attempt_count_2::INTEGER), next_attempt_at=:param_3::TIMESTAMP WITH TIME ZONE, updated_at=:param_4::TIMESTAMP WITH TIME ZONE, claim_token=:param_5::UUID, claimed_by=:param_6::VARCHAR, claimed_at=:param_7::TIMESTAMP WITH TIME ZONE, lease_expires_at=:param_8::TIMESTAMP WITH TIME ZONE, provider=:param_9::VARCHAR, last_error=:param_10::VARCHAR, ambiguous_since=:param_11::TIMESTAMP WITH TIME ZONE, claim_order_at=CASE outbox_messages.priority WHEN :param_12::INTEGER THEN :param_13::TIMESTAMP WITH TIME ZONE WHEN :param_14::INTEGER THEN :param_15::TIMESTAMP WITH TIME ZONE ELSE :param_16::TIMESTAMP WITH TIME ZONE END FROM locked WHERE outbox_messages.id = locked.id RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.template_name, outbox_messages.metadata, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.claimed_by, outbox_messages.to_address, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail, provider_message_id, attempt) SELECT updated.id AS id, updated.previous_state AS previous_state, updated.status AS status, :param_1::TIMESTAMP WITH TIME ZONE AS anon_1, :param_2::VARCHAR AS anon_2, substr(updated.last_error, :substr_2::INTEGER, :substr_3::INTEGER) AS substr_1, updated.provider_message_id AS provider_message_id, updated.attempt_count + :attempt_count_1::INTEGER AS anon_3
 FROM updated)
- SELECT updated.id, updated.tenant_id, updated.status, updated.attempt_count, updated.template_name, updated.metadata, updated.provider_message_id, updated.last_error, updated.claimed_by, updated.previous_state
+ SELECT updated.id, updated.tenant_id, updated.status, updated.attempt_count, updated.template_name, updated.metadata, updated.provider_message_id, updated.last_error, updated.claimed_by, updated.to_address, updated.previous_state
 FROM updated;
 
--- step 4
+-- step 5
 WITH locked AS
 (SELECT email_verifications.id AS id, email_verifications.state AS previous_state
 FROM email_verifications

@@ -24,3 +24,8 @@ WHERE outbox_messages.id IN (:id_1_1);
 
 -- step 5
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt, provider_message_id, detail) VALUES (:message_id, :from_status, :to_status, :at, :actor, :attempt, :provider_message_id, :detail);  -- once per row (executemany)
+
+-- step 6
+SELECT hook_endpoints.id, hook_endpoints.tenant_id, hook_endpoints.events
+FROM hook_endpoints
+WHERE hook_endpoints.tenant_id IN (:tenant_id_1_1) AND hook_endpoints.enabled = true;

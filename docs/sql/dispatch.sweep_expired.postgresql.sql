@@ -16,3 +16,8 @@ logged AS
 FROM updated)
  SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_address, updated.to_name, updated.from_address, updated.subject, updated.template_name, updated.template_data, updated.headers, updated.tags, updated.metadata, updated.status, updated.attempt_count, updated.max_attempts, updated.next_attempt_at, updated.created_at, updated.updated_at, updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at, updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at, updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority, updated.claim_order_at, updated.attachment_count, updated.previous_state
 FROM updated;
+
+-- step 2
+SELECT hook_endpoints.id, hook_endpoints.tenant_id, hook_endpoints.events
+FROM hook_endpoints
+WHERE hook_endpoints.tenant_id IN (:tenant_id_1_1::VARCHAR) AND hook_endpoints.enabled = true;

@@ -33,3 +33,8 @@ WHERE email_verifications.id IN (:id_1_1);
 
 -- step 8
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id, detail) VALUES (:verification_id, :from_state, :to_state, :at, :actor, :message_id, :detail);  -- once per row (executemany)
+
+-- step 9
+SELECT hook_endpoints.id, hook_endpoints.tenant_id, hook_endpoints.events
+FROM hook_endpoints
+WHERE hook_endpoints.tenant_id IN (:tenant_id_1_1) AND hook_endpoints.enabled = true;

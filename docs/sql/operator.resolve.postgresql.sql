@@ -27,3 +27,8 @@ logged AS
 FROM updated)
  SELECT updated.id, updated.tenant_id, updated.email, updated.state, updated.token_digest, updated.expires_at, updated.confirm_attempts, updated.send_count, updated.message_id, updated.template_name, updated.redirect_url, updated.created_at, updated.updated_at, updated.sent_at, updated.verified_at, updated.previous_state
 FROM updated;
+
+-- step 3
+SELECT hook_endpoints.id, hook_endpoints.tenant_id, hook_endpoints.events
+FROM hook_endpoints
+WHERE hook_endpoints.tenant_id IN (:tenant_id_1_1::VARCHAR) AND hook_endpoints.enabled = true;

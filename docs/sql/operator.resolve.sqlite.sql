@@ -23,3 +23,8 @@ UPDATE email_verifications SET state='sent', updated_at=:updated_at, sent_at=:se
 
 -- step 6
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id, detail) VALUES (:verification_id, :from_state, :to_state, :at, :actor, :message_id, :detail);  -- once per row (executemany)
+
+-- step 7
+SELECT hook_endpoints.id, hook_endpoints.tenant_id, hook_endpoints.events
+FROM hook_endpoints
+WHERE hook_endpoints.tenant_id IN (:tenant_id_1_1) AND hook_endpoints.enabled = 1;

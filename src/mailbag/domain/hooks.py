@@ -72,6 +72,21 @@ class HookEvent(StrEnum):
 
 
 ALL_EVENTS: frozenset[HookEvent] = frozenset(HookEvent)
+# Which message state change is which event (a message entering the state; `flag` keeps a
+# message `unknown` and is no event), and which provider event kind is which.
+FOR_STATUS: Mapping[str, HookEvent] = {
+    "sent": HookEvent.SENT,
+    "failed": HookEvent.FAILED,
+    "dead": HookEvent.DEAD,
+    "unknown": HookEvent.UNKNOWN,
+}
+FOR_PROVIDER_EVENT: Mapping[str, HookEvent] = {
+    "delivered": HookEvent.DELIVERED,
+    "bounced": HookEvent.BOUNCED,
+    "complained": HookEvent.COMPLAINED,
+    "opened": HookEvent.OPENED,
+    "clicked": HookEvent.CLICKED,
+}
 
 
 class InvalidHook(ValueError):
@@ -380,9 +395,10 @@ class DeliveryEvent:
     detail: str | None
 
 
-def webhook_id_for(delivery_id: uuid.UUID) -> str:
-    """`msg_<32 hex>`: the webhook-id of a delivery (Standard Webhooks' examples use msg_)."""
-    return f"msg_{delivery_id.hex}"
+def webhook_id_for(event_id: uuid.UUID) -> str:
+    """`msg_<32 hex>`: the webhook-id of one event, the same for each endpoint it goes to
+    and on every retry and replay (Standard Webhooks' examples use msg_)."""
+    return f"msg_{event_id.hex}"
 
 
 def outcome(status_code: int | None) -> bool:

@@ -1,18 +1,20 @@
-"""Provider events: stored once each (providers resend), matched to our messages."""
+"""Provider events: stored once each (providers resend), matched to our messages; an event
+about one of our messages fires its event hook in the same transaction (hooks.fan_out)."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, insert, or_, select
 
 from mailbag.domain.events import ProviderEvent
+from mailbag.domain.hooks import FOR_PROVIDER_EVENT, MessageFacts
 from mailbag.domain.message import Message
-from mailbag.store import messages
-from mailbag.store.message_transitions import message_from_row
+from mailbag.store import hooks, messages
+from mailbag.store.message_transitions import message_facts, message_from_row
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import outbox_messages as om
 from mailbag.store.schema import provider_events as pe
@@ -82,6 +84,21 @@ def store(
         "raw": dict(event.raw),
     }
     result = yield Step(insert(pe).values(values))
+    hook_event = FOR_PROVIDER_EVENT.get(event.kind.value)
+    if message is not None and hook_event is not None:
+
+        def facts(message: Message) -> MessageFacts:
+            return replace(
+                message_facts(message),
+                recipient=event.recipient,
+                bounce_type=event.bounce_type.value if event.bounce_type else None,
+                detail=event.detail,
+                provider=event.provider,
+            )
+
+        yield from hooks.fan_out(
+            [(hook_event, message)], facts, now=now, occurred_at=event.occurred_at
+        )
     return _stored({**values, "id": result.inserted_primary_key[0]})  # type: ignore[attr-defined]
 
 

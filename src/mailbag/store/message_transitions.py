@@ -5,7 +5,9 @@ Each change is ONE conditional UPDATE guarded by the states the domain's transit
 allows, landing in the state the table says (`transition.apply_transition`, shared with
 verifications). It returns the rows it changed, and the same transaction appends one
 `message_events` row per change and moves the verifications whose current email changed
-(`verifications.follow_messages`): every caller gets both, none has to remember them.
+(`verifications.follow_messages`) and writes the event hooks' deliveries of the messages
+that became sent, failed, dead or unknown (`hooks.fan_out`): every caller gets all three,
+none has to remember them.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import ColumnElement, Row
 
 from mailbag.domain.content import Address, Recipients
+from mailbag.domain.hooks import FOR_STATUS, MessageFacts
 from mailbag.domain.message import Message, NewMessage
 from mailbag.domain.states import MESSAGES, Action, Status
-from mailbag.store import verifications
+from mailbag.store import hooks, verifications
 from mailbag.store.plan import Plan
 from mailbag.store.schema import message_events, outbox_messages
 from mailbag.store.transition import EventSpec, Tracked, apply_transition
@@ -38,6 +41,13 @@ MESSAGE_ROWS: Tracked[Status, Action] = Tracked(
 )
 
 M = TypeVar("M", bound="Message | Settled")
+# The event hook each action fires, by the one state it leads to (sent, failed, dead,
+# unknown); a claim, a release or a requeue fires none.
+_HOOK_EVENTS = {
+    action: FOR_STATUS[target]
+    for action in Action
+    if len(MESSAGES.targets(action)) == 1 and (target := MESSAGES.target(action)) in FOR_STATUS
+}
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class Settled:
     provider_message_id: str | None
     last_error: str | None
     claimed_by: str | None
+    to_address: str | None = None  # for event hooks' payloads
 
 
 SETTLED_COLUMNS = tuple(Settled.__dataclass_fields__)
@@ -170,4 +181,27 @@ def transition(
     )
     changed = [Changed(as_row(row), Status(previous)) for row, previous in updated]
     yield from verifications.follow_messages(changed, now=now, actor=actor)
+    if hooks.FANOUT.enabled and (hook_event := _HOOK_EVENTS.get(action)):
+        yield from hooks.fan_out(
+            [(hook_event, c.message) for c in changed if c.from_status != c.message.status],
+            message_facts,
+            now=now,
+        )
     return changed
+
+
+def message_facts(message: Message | Settled) -> MessageFacts:
+    """What an event hook's payload says about a message (hooks.fan_out asks only about
+    messages of a tenant with an endpoint)."""
+    return MessageFacts(
+        message_id=message.id,
+        tenant_id=message.tenant_id,
+        status=message.status,
+        to=message.to_address,
+        template=message.template_name,
+        subject=getattr(message, "subject", None),
+        provider=getattr(message, "provider", None),
+        provider_message_id=message.provider_message_id,
+        error=message.last_error,
+        metadata=message.metadata,
+    )

@@ -39,6 +39,7 @@ from mailbag.database_url import Dialect
 from mailbag.domain.content import Attachment
 from mailbag.domain.delivery import Decision
 from mailbag.domain.events import EventKind, ProviderEvent
+from mailbag.domain.hooks import DAction, DState, HookEndpoint, HookEvent
 from mailbag.domain.message import Filter, Message, new_message
 from mailbag.domain.states import Action, Status
 from mailbag.domain.verification import VAction
@@ -49,6 +50,7 @@ from mailbag.store import (
     dispatch,
     enqueue,
     events,
+    hooks,
     idempotency,
     messages,
     operator,
@@ -58,7 +60,7 @@ from mailbag.store import (
     tenants,
     verifications,
 )
-from mailbag.store.message_transitions import Changed, message_from_row
+from mailbag.store.message_transitions import Changed, message_facts, message_from_row
 from mailbag.store.plan import Plan, Step, answering
 from mailbag.store.schema import outbox_messages
 
@@ -184,6 +186,27 @@ _EVENT = ProviderEvent(
     dedup_key="brevo:1",
     detail=None,
     raw={},
+)
+
+# Event hooks' rows: a delivery's states and event, an endpoint's subscriptions.
+_HOOK: dict[str, Any] = {
+    "status": DState.DELIVERED.value,
+    "previous_state": DState.PROCESSING.value,
+    "from_status": DState.PROCESSING.value,
+    "to_status": DState.DELIVERED.value,
+    "event": HookEvent.SENT.value,
+    "events": ",sent,",
+    "tenant_id": TENANT,
+}
+_HOOK_ENDPOINT = HookEndpoint(
+    id=IDS[0],
+    tenant_id=TENANT,
+    url="https://example.com/hooks",
+    events=frozenset({HookEvent.SENT}),
+    enabled=True,
+    description=None,
+    created_at=NOW,
+    updated_at=NOW,
 )
 
 OPERATIONS: list[Operation] = [
@@ -391,6 +414,62 @@ OPERATIONS: list[Operation] = [
     Operation(deployment.record_key_check, {"key_check": "c", "now": NOW}),
     Operation(deployment.replace_key_check, {"key_check": "c", "now": NOW}),
     Operation(deployment.stored_key_check),
+    # Event hooks
+    Operation(
+        hooks.fan_out,
+        {
+            "events": [(HookEvent.SENT, _message(tenant_id=TENANT))],
+            "facts": message_facts,
+            "now": NOW,
+        },
+        samples={"tenant_id": TENANT, "events": ",sent,"},
+    ),
+    Operation(hooks.create_endpoint, {"endpoint": _HOOK_ENDPOINT, "sealed_secret": "sealed"}),
+    Operation(hooks.endpoint, {"endpoint_id": IDS[0], "tenant_id": TENANT}, samples=_HOOK),
+    Operation(hooks.endpoints, {"tenant_id": TENANT}, samples=_HOOK),
+    Operation(
+        hooks.update_endpoint,
+        {"endpoint_id": IDS[0], "tenant_id": TENANT, "now": NOW, "enabled": False},
+        samples=_HOOK,
+    ),
+    Operation(hooks.delete_endpoint, {"endpoint_id": IDS[0], "tenant_id": TENANT}, samples=_HOOK),
+    Operation(
+        hooks.claim,
+        {"worker_id": "worker-1", "now": NOW, "lease": timedelta(minutes=2), "limit": 10},
+        samples={**_HOOK, "status": DState.PROCESSING.value, "previous_state": "pending"},
+    ),
+    Operation(
+        hooks.finalize,
+        {
+            "token": IDS[2],
+            "results": [hooks.Attempted(IDS[0], DAction.DELIVER, status_code=204)],
+            "now": NOW,
+            "actor": "worker-1",
+        },
+        samples={**_HOOK, "previous_state": DState.PROCESSING.value},
+    ),
+    Operation(
+        hooks.sweep,
+        {"now": NOW, "actor": "worker-1"},
+        samples={**_HOOK, "status": DState.RETRYING.value, "previous_state": "processing"},
+    ),
+    Operation(hooks.delivery, {"delivery_id": IDS[0], "tenant_id": TENANT}, samples=_HOOK),
+    Operation(
+        hooks.page,
+        {"query": hooks.DeliveryQuery(tenant_id=TENANT), "limit": 50, "after": (NOW, IDS[2])},
+        samples=_HOOK,
+    ),
+    Operation(
+        hooks.replay,
+        {
+            "delivery_id": IDS[0],
+            "tenant_id": TENANT,
+            "now": NOW,
+            "actor": "operator",
+            "extra_attempts": 8,
+        },
+        samples={**_HOOK, "status": DState.PENDING.value, "previous_state": "dead"},
+    ),
 ]
 
 # Plans that are parts of the operations above, not operations of their own: their SQL

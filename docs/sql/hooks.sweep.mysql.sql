@@ -1,0 +1,27 @@
+-- hooks.sweep (mysql)
+-- Deliveries whose lease ran out (their worker died or hung mid-POST) go back to `retrying`,
+-- due now: the POST may have arrived, so the receiver may see it twice, with the same
+-- webhook-id. The attempt counts: a delivery that kills its worker each time still ends dead.
+-- Written by `python -m mailbag.store.sqldocs` from the plan; do not edit.
+
+-- step 1
+SELECT hook_deliveries.id
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.lease_expires_at < :lease_expires_at_1 ORDER BY hook_deliveries.lease_expires_at
+ LIMIT :param_1;
+
+-- step 2
+SELECT hook_deliveries.id, hook_deliveries.status AS previous_state
+FROM hook_deliveries FORCE INDEX (PRIMARY)
+WHERE hook_deliveries.id IN (:id_1_1) AND hook_deliveries.status IN ('processing') AND hook_deliveries.lease_expires_at < :lease_expires_at_1 ORDER BY hook_deliveries.id FOR UPDATE SKIP LOCKED;
+
+-- step 3
+UPDATE hook_deliveries SET status='retrying', attempts=(hook_deliveries.attempts + :attempts_1), next_attempt_at=:next_attempt_at, updated_at=:updated_at, claim_token=:claim_token, claimed_by=:claimed_by, lease_expires_at=:lease_expires_at, last_status_code=:last_status_code, last_error=:last_error WHERE hook_deliveries.id IN (:id_1_1);
+
+-- step 4
+SELECT hook_deliveries.id, hook_deliveries.endpoint_id, hook_deliveries.tenant_id, hook_deliveries.event, hook_deliveries.message_id, hook_deliveries.webhook_id, hook_deliveries.payload, hook_deliveries.status, hook_deliveries.attempts, hook_deliveries.max_attempts, hook_deliveries.next_attempt_at, hook_deliveries.created_at, hook_deliveries.updated_at, hook_deliveries.delivered_at, hook_deliveries.claim_token, hook_deliveries.claimed_by, hook_deliveries.lease_expires_at, hook_deliveries.last_status_code, hook_deliveries.last_error
+FROM hook_deliveries
+WHERE hook_deliveries.id IN (:id_1_1);
+
+-- step 5
+INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, attempt, status_code, detail) VALUES (:delivery_id, :from_status, :to_status, :at, :actor, :attempt, :status_code, :detail);  -- once per row (executemany)
