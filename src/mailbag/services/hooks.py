@@ -21,16 +21,34 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from mailbag.domain.hooks import DeliveryEvent, DState, HookDelivery, HookEndpoint, HookEvent
+from mailbag.clock import utcnow
+from mailbag.domain.hooks import (
+    DeliveryEvent,
+    DState,
+    HookDelivery,
+    HookEndpoint,
+    HookEvent,
+    SecretBox,
+    check_description,
+    check_url,
+    new_secret,
+    parse_events,
+)
+from mailbag.domain.ids import uuid7
+from mailbag.services.tenants import _tenant_id
 from mailbag.settings import Settings
+from mailbag.store import hooks as store
+from mailbag.store.plan import Plan
+from mailbag.store.session import AsyncDatabase, Database
 
 if TYPE_CHECKING:  # engines are handed in, never made here
     from sqlalchemy import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 PAGE_MAX = 200
+T = TypeVar("T")
 
 
 class HooksOff(Exception):
@@ -86,17 +104,167 @@ class NewSecret:
     secret: str
 
 
+class _Plans:
+    """What both services run: each operation as one plan, checked before any SQL."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def box(self) -> SecretBox:
+        if self.settings.hooks_key is None:
+            raise HooksOff()
+        return SecretBox(self.settings.hooks_key.get_secret_value())
+
+    def url(self, url: str) -> str:
+        return check_url(url, allow_http_localhost=self.settings.hook_allow_http_localhost)
+
+    def create(
+        self,
+        tenant: str,
+        url: str,
+        events: list[str],
+        description: str | None,
+        enabled: bool,
+        *,
+        resolve: bool,
+    ) -> Plan[NewSecret]:
+        box = self.box()
+        checked_url, chosen = self.url(url), parse_events(events)
+        checked_description = check_description(description)
+        tenant_id = (yield from _tenant_id(tenant)) if resolve else tenant
+        now, secret = utcnow(), new_secret()
+        endpoint = HookEndpoint(
+            id=uuid7(),
+            tenant_id=tenant_id,
+            url=checked_url,
+            events=chosen,
+            enabled=enabled,
+            description=checked_description,
+            created_at=now,
+            updated_at=now,
+        )
+        yield from store.create_endpoint(endpoint, box.seal(secret))
+        return NewSecret(endpoint, secret)
+
+    def listing(self, tenant: str | None, *, resolve: bool) -> Plan[list[HookEndpoint]]:
+        self.box()
+        tenant_id = (yield from _tenant_id(tenant)) if resolve and tenant else tenant
+        return (yield from store.endpoints(tenant_id))
+
+    def get(self, endpoint_id: uuid.UUID, tenant_id: str | None) -> Plan[HookEndpoint]:
+        self.box()
+        found = yield from store.endpoint(endpoint_id, tenant_id)
+        if found is None:
+            raise UnknownEndpoint(endpoint_id)
+        return found
+
+    def update(
+        self,
+        endpoint_id: uuid.UUID,
+        tenant_id: str | None,
+        *,
+        url: str | None,
+        events: list[str] | None,
+        enabled: bool | None,
+        description: str | None,
+    ) -> Plan[HookEndpoint]:
+        self.box()
+        changed = yield from store.update_endpoint(
+            endpoint_id,
+            tenant_id=tenant_id,
+            now=utcnow(),
+            url=None if url is None else self.url(url),
+            events=None if events is None else parse_events(events),
+            enabled=enabled,
+            description=None if description is None else (check_description(description) or ""),
+        )
+        if changed is None:
+            raise UnknownEndpoint(endpoint_id)
+        return changed
+
+    def rotate(self, endpoint_id: uuid.UUID, tenant_id: str | None) -> Plan[NewSecret]:
+        box, secret = self.box(), new_secret()
+        changed = yield from store.update_endpoint(
+            endpoint_id, tenant_id=tenant_id, now=utcnow(), sealed_secret=box.seal(secret)
+        )
+        if changed is None:
+            raise UnknownEndpoint(endpoint_id)
+        return NewSecret(changed, secret)
+
+    def delete(self, endpoint_id: uuid.UUID, tenant_id: str | None) -> Plan[None]:
+        self.box()
+        if not (yield from store.delete_endpoint(endpoint_id, tenant_id)):
+            raise UnknownEndpoint(endpoint_id)
+
+    def deliveries(
+        self, filter: DeliveryFilter, cursor: str | None, limit: int, *, resolve: bool
+    ) -> Plan[DeliveryPage]:
+        self.box()
+        if not 1 <= limit <= PAGE_MAX:
+            raise ValueError(f"limit must be 1 to {PAGE_MAX}")
+        after = store.decode_cursor(cursor) if cursor else None
+        tenant_id = filter.tenant_id
+        if resolve and tenant_id is not None:
+            tenant_id = yield from _tenant_id(tenant_id)
+        query = store.DeliveryQuery(
+            tenant_id=tenant_id,
+            endpoint_id=filter.endpoint_id,
+            status=filter.status,
+            event=filter.event,
+            message_id=filter.message_id,
+        )
+        found, more = yield from store.page(query, limit=limit, after=after)
+        return DeliveryPage(found, store.encode_cursor(found[-1]) if more and found else None)
+
+    def delivery(self, delivery_id: uuid.UUID, tenant_id: str | None) -> Plan[DeliveryDetail]:
+        self.box()
+        found = yield from store.delivery(delivery_id, tenant_id)
+        if found is None:
+            raise UnknownDelivery(delivery_id)
+        return DeliveryDetail(*found)
+
+    def replay(
+        self, delivery_id: uuid.UUID, actor: str, tenant_id: str | None
+    ) -> Plan[HookDelivery]:
+        self.box()
+        replayed = yield from store.replay(
+            delivery_id,
+            tenant_id=tenant_id,
+            now=utcnow(),
+            actor=actor,
+            extra_attempts=self.settings.hook_max_attempts,
+        )
+        if replayed is not None:
+            return replayed
+        found = yield from store.delivery(delivery_id, tenant_id)
+        if found is None:
+            raise UnknownDelivery(delivery_id)
+        raise NotReplayable(
+            f"delivery {delivery_id} is {found[0].status.value}: only delivered or dead "
+            "deliveries can be replayed"
+        )
+
+
 class Hooks:
     """Hooks for the admin API and the console (async). `tenant_id` limits an operation to
     one tenant's endpoints/deliveries (None: any tenant, the operator's view)."""
 
     def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
         self.engine, self.settings = engine, settings
+        self.db, self.plans = AsyncDatabase(engine), _Plans(settings)
 
     @property
     def enabled(self) -> bool:
         """Whether HOOKS_KEY is set; when False every method raises HooksOff."""
         return self.settings.hooks_enabled
+
+    async def _write(self, plan: Plan[T]) -> T:
+        async with self.db.transaction() as tx:
+            return await tx.run(plan)
+
+    async def _read(self, plan: Plan[T]) -> T:
+        async with self.db.connect(read_only=True) as session:
+            return await session.run(plan)
 
     async def create_endpoint(
         self,
@@ -109,16 +277,17 @@ class Hooks:
     ) -> NewSecret:
         """A new endpoint for a tenant (by id), subscribed to `events` (`sent` or
         `message.sent`, `*` for all; domain.hooks.parse_events) and its secret."""
-        raise NotImplementedError
+        plan = self.plans.create(tenant_id, url, events, description, enabled, resolve=False)
+        return await self._write(plan)
 
     async def list_endpoints(self, tenant_id: str | None = None) -> list[HookEndpoint]:
         """Endpoints, oldest first; one tenant's, or every tenant's."""
-        raise NotImplementedError
+        return await self._read(self.plans.listing(tenant_id, resolve=False))
 
     async def get_endpoint(
         self, endpoint_id: uuid.UUID, tenant_id: str | None = None
     ) -> HookEndpoint:
-        raise NotImplementedError
+        return await self._read(self.plans.get(endpoint_id, tenant_id))
 
     async def update_endpoint(
         self,
@@ -130,38 +299,48 @@ class Hooks:
         enabled: bool | None = None,
         description: str | None = None,
     ) -> HookEndpoint:
-        """Change what is given (None: keep). Disabling stops deliveries to it (pending
-        ones wait, and go out when it is enabled again)."""
-        raise NotImplementedError
+        """Change what is given (None: keep; description "" removes it). Disabling stops
+        deliveries to it (pending ones wait, and go out when it is enabled again)."""
+        plan = self.plans.update(
+            endpoint_id,
+            tenant_id,
+            url=url,
+            events=events,
+            enabled=enabled,
+            description=description,
+        )
+        return await self._write(plan)
 
     async def rotate_secret(
         self, endpoint_id: uuid.UUID, tenant_id: str | None = None
     ) -> NewSecret:
         """A new secret, effective at once for every later attempt (pending ones too)."""
-        raise NotImplementedError
+        return await self._write(self.plans.rotate(endpoint_id, tenant_id))
 
     async def delete_endpoint(self, endpoint_id: uuid.UUID, tenant_id: str | None = None) -> None:
         """Remove it with its deliveries and their history."""
-        raise NotImplementedError
+        await self._write(self.plans.delete(endpoint_id, tenant_id))
 
     async def list_deliveries(
         self, filter: DeliveryFilter, *, cursor: str | None = None, limit: int = 50
     ) -> DeliveryPage:
-        """Deliveries, newest first, `limit` (1..PAGE_MAX) a page. ValueError: a bad cursor."""
-        raise NotImplementedError
+        """Deliveries, newest first, `limit` (1..PAGE_MAX) a page. ValueError: a bad cursor
+        or limit."""
+        plan = self.plans.deliveries(filter, cursor, limit, resolve=False)
+        return await self._read(plan)
 
     async def get_delivery(
         self, delivery_id: uuid.UUID, tenant_id: str | None = None
     ) -> DeliveryDetail:
         """A delivery with its history (each attempt: status code, error; each replay)."""
-        raise NotImplementedError
+        return await self._read(self.plans.delivery(delivery_id, tenant_id))
 
     async def replay(
         self, delivery_id: uuid.UUID, *, actor: str, tenant_id: str | None = None
     ) -> HookDelivery:
         """Send a delivered or dead delivery again, with the same webhook-id and body and a
         fresh attempt budget; recorded with `actor`. NotReplayable otherwise."""
-        raise NotImplementedError
+        return await self._write(self.plans.replay(delivery_id, actor, tenant_id))
 
 
 class SyncHooks:
@@ -169,10 +348,19 @@ class SyncHooks:
 
     def __init__(self, engine: Engine, settings: Settings) -> None:
         self.engine, self.settings = engine, settings
+        self.db, self.plans = Database(engine), _Plans(settings)
 
     @property
     def enabled(self) -> bool:
         return self.settings.hooks_enabled
+
+    def _write(self, plan: Plan[T]) -> T:
+        with self.db.transaction() as tx:
+            return tx.run(plan)
+
+    def _read(self, plan: Plan[T]) -> T:
+        with self.db.connect(read_only=True) as session:
+            return session.run(plan)
 
     def create_endpoint(
         self,
@@ -183,13 +371,14 @@ class SyncHooks:
         *,
         enabled: bool = True,
     ) -> NewSecret:
-        raise NotImplementedError
+        plan = self.plans.create(tenant, url, events, description, enabled, resolve=True)
+        return self._write(plan)
 
     def list_endpoints(self, tenant: str | None = None) -> list[HookEndpoint]:
-        raise NotImplementedError
+        return self._read(self.plans.listing(tenant, resolve=True))
 
     def get_endpoint(self, endpoint_id: uuid.UUID) -> HookEndpoint:
-        raise NotImplementedError
+        return self._read(self.plans.get(endpoint_id, None))
 
     def update_endpoint(
         self,
@@ -200,21 +389,24 @@ class SyncHooks:
         enabled: bool | None = None,
         description: str | None = None,
     ) -> HookEndpoint:
-        raise NotImplementedError
+        plan = self.plans.update(
+            endpoint_id, None, url=url, events=events, enabled=enabled, description=description
+        )
+        return self._write(plan)
 
     def rotate_secret(self, endpoint_id: uuid.UUID) -> NewSecret:
-        raise NotImplementedError
+        return self._write(self.plans.rotate(endpoint_id, None))
 
     def delete_endpoint(self, endpoint_id: uuid.UUID) -> None:
-        raise NotImplementedError
+        self._write(self.plans.delete(endpoint_id, None))
 
     def list_deliveries(
         self, filter: DeliveryFilter, *, cursor: str | None = None, limit: int = 50
     ) -> DeliveryPage:
-        raise NotImplementedError
+        return self._read(self.plans.deliveries(filter, cursor, limit, resolve=True))
 
     def get_delivery(self, delivery_id: uuid.UUID) -> DeliveryDetail:
-        raise NotImplementedError
+        return self._read(self.plans.delivery(delivery_id, None))
 
     def replay(self, delivery_id: uuid.UUID, *, actor: str) -> HookDelivery:
-        raise NotImplementedError
+        return self._write(self.plans.replay(delivery_id, actor, None))
