@@ -1,0 +1,127 @@
+"""Django's email backend for mailbag: `send_mail` and friends write into the outbox, on
+Django's own database connection, inside the caller's `transaction.atomic()`.
+
+    EMAIL_BACKEND = "mailbag.django.EmailBackend"
+
+    with transaction.atomic():
+        order = Order.objects.create(...)
+        send_mail("Your order", "Thanks!", None, [order.email])
+    # committed: the worker (`manage.py mailbag_worker`) sends it; rolled back: nothing is sent
+
+Rules:
+- every message of one call is validated first (convert.py); with fail_silently=False one
+  invalid message raises InvalidMessage and nothing is enqueued; with fail_silently=True the
+  invalid ones are logged (their problems' field names, never their addresses) and skipped;
+- the messages are written together in `transaction.atomic(using=alias)`: a savepoint when
+  the caller has a transaction open (a failed write leaves the caller's transaction usable),
+  its own transaction otherwise (Django's autocommit would commit each statement alone);
+- the return value is how many of the messages are in the outbox to be sent: created now,
+  or already there under the same Idempotency-Key; a message written as failed at once
+  (every To on the suppression list) does not count;
+- idle workers in this process are woken when Django commits (`transaction.on_commit`);
+  PostgreSQL's NOTIFY, sent from the same transaction, wakes the others.
+
+Options (EMAIL_BACKEND takes them from settings.MAILBAG; Django 6.1's MAILERS passes its
+OPTIONS as keyword arguments, which win): `tenant`, `database` (a DATABASES alias),
+`max_attempts`. Django's `auth_user`/`auth_password` mean nothing here and are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.mail.backends.base import BaseEmailBackend
+from django.db import transaction
+
+from mailbag import log, wakeup
+from mailbag.django import conf
+from mailbag.django.connection import on_django_connection
+from mailbag.django.convert import message_fields
+from mailbag.domain.message import InvalidMessage, NewMessage, new_message
+from mailbag.domain.states import Status
+from mailbag.services.outbox import enqueue_many
+
+if TYPE_CHECKING:
+    from mailbag.settings import Settings
+
+ACTOR = "django"  # the actor of the outbox events this backend's enqueues write
+
+
+class EmailBackend(BaseEmailBackend):  # type: ignore[misc]  # Django ships no types
+    def __init__(
+        self,
+        fail_silently: bool = False,
+        *,
+        tenant: str | None = None,
+        database: str | None = None,
+        max_attempts: int | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(fail_silently=fail_silently)
+        if username is not None or password is not None:
+            raise ImproperlyConfigured(
+                "mailbag.django.EmailBackend takes no auth_user/auth_password: the worker "
+                "sends with mailbag's provider settings"
+            )
+        if options:
+            raise TypeError(
+                f"mailbag.django.EmailBackend got unknown options: {', '.join(sorted(options))} "
+                "(it takes tenant, database and max_attempts)"
+            )
+        self.alias = conf.database_alias(database)
+        self.tenant = conf.tenant(tenant)
+        self.max_attempts = max_attempts
+        self._settings: Settings | None = None
+
+    @property
+    def settings(self) -> Settings:
+        """mailbag's settings (read once per backend): the address rules and size limits
+        messages are checked against are the worker's."""
+        if self._settings is None:
+            self._settings = conf.mailbag_settings(self.alias)
+        return self._settings
+
+    def send_messages(self, email_messages: Sequence[Any]) -> int:
+        if not email_messages:
+            return 0
+        built = self._validated(email_messages)
+        if not built:
+            return 0
+        try:
+            with transaction.atomic(using=self.alias), on_django_connection(self.alias) as conn:
+                results = enqueue_many(
+                    conn,
+                    built,
+                    max_attempts=self.max_attempts or self.settings.max_attempts,
+                    actor=ACTOR,
+                )
+                if any(result.created for result in results):
+                    # Not wakeup.notify_after_commit: SQLAlchemy never sees this commit.
+                    transaction.on_commit(wakeup.notify, using=self.alias)
+        except Exception as exc:
+            if not self.fail_silently:
+                raise
+            log.get("mailbag.django").warning(
+                "emails not enqueued", count=len(built), error=type(exc).__name__
+            )
+            return 0
+        return sum(1 for result in results if result.message.status != Status.FAILED)
+
+    def _validated(self, email_messages: Sequence[Any]) -> list[NewMessage]:
+        config = self.settings
+        built = []
+        for message in email_messages:
+            try:
+                fields = message_fields(message, tenant=self.tenant, default_from=config.from_email)
+                built.append(
+                    new_message(**fields, address_rules=config.address_rules, limits=config.limits)
+                )
+            except InvalidMessage as exc:
+                if not self.fail_silently:
+                    raise
+                log.get("mailbag.django").warning("email not enqueued", problems=sorted(exc.errors))
+        return built

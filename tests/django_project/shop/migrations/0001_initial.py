@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):  # type: ignore[misc]  # Django ships no types
+    initial = True
+    dependencies: list[tuple[str, str]] = []
+    operations = [
+        migrations.CreateModel(
+            name="Order",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("email", models.EmailField(max_length=254)),
+                ("reference", models.CharField(max_length=100, unique=True)),
+            ],
+        ),
+    ]
