@@ -17,7 +17,7 @@ from mailbag.store import dispatch, message_transitions
 from mailbag.store import enqueue as enqueue_store
 from mailbag.store import messages as message_store
 from mailbag.store.database import READ_ONLY
-from mailbag.store.plan import run
+from mailbag.store.plan import Plan, run
 from mailbag.store.schema import message_events, outbox_messages
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -51,9 +51,16 @@ def claim(
         return run(conn, dispatch.claim(worker_id=worker, now=now, lease=lease, limit=limit))
 
 
-def race_claims(db: Any, claimers: int, limit: int) -> list[list[Any]]:
+def race_claims(
+    db: Any,
+    claimers: int,
+    limit: int,
+    *,
+    take: Callable[[str, int], Plan[list[Any]]] | None = None,
+) -> list[list[Any]]:
     """Claimers on separate connections, started together, claiming until nothing is due:
-    the ids each one took. Raises what any of them raised."""
+    the ids each one took. Raises what any of them raised. `take(worker_id, limit)` claims
+    something other than messages (hook deliveries) and answers the ids it took."""
     engine = db.new_engine(pool_size=claimers)
     start = threading.Barrier(claimers)
     taken: list[list[Any]] = [[] for _ in range(claimers)]
@@ -63,14 +70,24 @@ def race_claims(db: Any, claimers: int, limit: int) -> list[list[Any]]:
         try:
             start.wait()
             while True:
+                worker_id = f"w{index}"
                 with engine.begin() as conn:
-                    batch = run(
-                        conn,
-                        dispatch.claim(worker_id=f"w{index}", now=T0, lease=LEASE, limit=limit),
+                    ids = (
+                        run(conn, take(worker_id, limit))
+                        if take
+                        else [
+                            m.id
+                            for m in run(
+                                conn,
+                                dispatch.claim(
+                                    worker_id=worker_id, now=T0, lease=LEASE, limit=limit
+                                ),
+                            ).messages
+                        ]
                     )
-                if not batch.messages:
+                if not ids:
                     return
-                taken[index].extend(m.id for m in batch.messages)
+                taken[index].extend(ids)
         except BaseException as exc:
             errors.append(exc)
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from mailbag.settings import Settings
 
 # With these providers nothing leaves the machine: test domains are fine by default.
-LOCAL_PROVIDERS = frozenset({"console", "file"})
+LOCAL_PROVIDERS = frozenset({"console", "file", "capture"})
 
 
 @runtime_checkable
