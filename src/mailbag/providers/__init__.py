@@ -20,6 +20,8 @@ BUILTIN = {
     "smtp": "mailbag.providers.smtp",
     "ses": "mailbag.providers.ses",
     "brevo": "mailbag.providers.brevo",
+    # In-memory, for tests (mailbag.testing); "memory" is the test suite's own plug-in.
+    "capture": "mailbag.providers.memory",
 }
 ENTRY_POINT_GROUP = "mailbag.providers"
 _registry: dict[str, ProviderFactory] = {}
