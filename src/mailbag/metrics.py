@@ -81,6 +81,21 @@ CLAIM_SECONDS = Histogram(
     "Time one claim statement took.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
 )
+HOOK_DELIVERIES = Counter(
+    "mailbag_hook_deliveries_total",
+    "Event hook attempts, by what became of the delivery: delivered, retrying, dead.",
+    ["outcome"],
+)
+HOOK_POST_SECONDS = Histogram(
+    "mailbag_hook_post_seconds",
+    "Time one event hook POST took (to its answer, an error or the timeout).",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+HOOK_LEASE_EXPIRATIONS = Counter(
+    "mailbag_hook_lease_expirations_total",
+    "Event hook deliveries whose lease expired mid-attempt (retried: a receiver may see "
+    "them twice, same webhook-id).",
+)
 MESSAGES = Gauge("mailbag_messages", "Messages by state (read at scrape).", ["state"])
 OLDEST_DUE_AGE = Gauge(
     "mailbag_oldest_due_message_age_seconds",

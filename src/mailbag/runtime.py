@@ -164,6 +164,9 @@ def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
     from mailbag import providers, templates
     from mailbag.services.reconciliation import Reconciler
     from mailbag.worker import PeriodicJob, Worker, WorkerConfig
+    from mailbag.worker.hooks import deliverer
+
+    configure_hooks(settings)
 
     listen_url = (
         settings.database_url if dialect_of(settings.database_url) == "postgresql" else None
@@ -179,14 +182,25 @@ def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
     async def reconcile(now: datetime) -> Mapping[str, int]:
         return await reconciler.run_once(now, message_domain=config.message_id_domain)
 
+    jobs = [PeriodicJob("reconciled", settings.reconcile_every_seconds, reconcile)]
+    hooks = deliverer(settings, engine)
+    if hooks is not None:  # HOOKS_KEY set: event hooks are delivered beside the mail
+        jobs.append(PeriodicJob("hooks", settings.poll_interval, hooks.run_once, hooks.aclose))
     return Worker(
         engine=engine,
         provider=provider,
         catalog=templates.load(settings.templates_dir),
         config=config,
         listen_url=listen_url,
-        jobs=[PeriodicJob("reconciled", settings.reconcile_every_seconds, reconcile)],
+        jobs=jobs,
     )
+
+
+def configure_hooks(settings: Settings) -> None:
+    """This process's event hook fan-out: off while HOOKS_KEY is unset (store/hooks.py)."""
+    from mailbag.store import hooks
+
+    hooks.configure(enabled=settings.hooks_enabled, max_attempts=settings.hook_max_attempts)
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -296,6 +310,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
             await worker.run(stop)
         finally:
             await worker.provider.aclose()
+            for job in worker.jobs:
+                if job.close is not None:
+                    await job.close()
             await engine.dispose()
     finally:
         if endpoint is not None:  # scrapes are answered until the drain is done

@@ -59,3 +59,4 @@ class PeriodicJob:
     name: str
     every: float  # seconds
     run: Callable[[datetime], Awaitable[Mapping[str, int]]]
+    close: Callable[[], Awaitable[None]] | None = None  # after the worker stopped
