@@ -31,7 +31,7 @@ from mailbag.testing import (
 
 from helpers import LOGO_CID, check_full_delivery, claim, get, outgoing_email, tiny_pdf, tiny_png
 
-SERVERS = ["sqlite", "postgresql"]
+SERVERS = ["sqlite", "postgresql", "mysql"]
 
 
 def full_message(conn, **fields):
