@@ -40,6 +40,7 @@ from mailbag.client import (
     ValidationError,
     Verification,
     VerificationState,
+    draft,
 )
 from mailbag.client.core import Core, Send, Wait
 from mailbag.client.operations import MessagePlans, VerificationPlans
@@ -314,8 +315,11 @@ def test_send_writes_every_field_the_api_accepts_and_only_what_was_given():
         "headers": {"X-A": "b"},
     }
     accepted = {field.alias or name for name, field in MessageCreate.model_fields.items()}
-    parameters = set(inspect.signature(MessagePlans.send).parameters) - {"self", "idempotency_key"}
+    parameters = set(inspect.signature(draft).parameters) - {"idempotency_key"}
     assert parameters == set(everything)
+    # send takes exactly what draft takes (help() and editors see it too)
+    send_parameters = list(inspect.signature(Client(BASE, "k").messages.send).parameters)
+    assert send_parameters == list(inspect.signature(draft).parameters)
     _, steps = drive(MessagePlans(core()).send(**everything), [answer(201, MESSAGE)])
     body = sends(steps)[0].json
     assert set(body) == accepted - {"to_name", "template"}  # the two left None
@@ -437,3 +441,47 @@ def test_a_client_refuses_a_missing_key_or_a_base_url_that_is_not_http():
     with pytest.raises(ValueError, match="http"):
         Client("127.0.0.1:8000", "k")
     assert issubclass(ConnectionFailed, Exception) and issubclass(RateLimited, APIError)
+
+
+def test_a_batch_sends_each_drafts_body_with_its_own_key_under_one_key_for_the_whole():
+    drafts = [
+        draft("a@example.com", template="welcome", data={"name": "A"}, idempotency_key="a-1"),
+        draft("b@example.com", subject="Hi", text="Hello"),
+    ]
+    answered = {
+        "created": 1,
+        "existing": 0,
+        "invalid": 1,
+        "results": [
+            {"index": 0, "result": "created", "message": MESSAGE, "error": None},
+            {
+                "index": 1,
+                "result": "invalid",
+                "message": None,
+                "error": problem(422, "invalid-message", errors={"to": "bad"}),
+            },
+        ],
+    }
+    result, steps = drive(
+        MessagePlans(core()).send_batch(drafts),
+        [httpx.ConnectError("refused"), answer(200, answered, **{"Idempotent-Replayed": "true"})],
+    )
+    first, second = sends(steps)
+    assert (
+        first.url == f"{BASE}/v1/messages/batch"
+        and first.headers["Idempotency-Key"] == second.headers["Idempotency-Key"]
+    )
+    assert first.json == {
+        "messages": [
+            {
+                "to": "a@example.com",
+                "template": "welcome",
+                "data": {"name": "A"},
+                "idempotency_key": "a-1",
+            },
+            {"to": "b@example.com", "subject": "Hi", "text": "Hello"},
+        ]
+    }
+    assert result.replayed and (result.created, result.invalid) == (1, 1)
+    assert result.results[0].message.id == MESSAGE["id"]
+    assert result.results[1].error.errors == {"to": "bad"} and result.results[1].error.status == 422

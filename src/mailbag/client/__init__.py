@@ -33,14 +33,18 @@ from mailbag.client.models import (
     Address,
     Attachment,
     AttachmentInfo,
+    BatchItemResult,
+    BatchResult,
     Event,
     Message,
     MessagePage,
     MessageStatus,
+    Problem,
     Recipients,
     Verification,
     VerificationState,
 )
+from mailbag.client.operations import Draft, draft
 from mailbag.client.retry import NO_RETRIES, RetryPolicy
 
 __all__ = [
@@ -53,9 +57,12 @@ __all__ = [
     "AttachmentInfo",
     "AuthenticationFailed",
     "BadRequest",
+    "BatchItemResult",
+    "BatchResult",
     "Client",
     "Conflict",
     "ConnectionFailed",
+    "Draft",
     "Event",
     "Gone",
     "IdempotencyKeyReused",
@@ -68,6 +75,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "PermissionDenied",
+    "Problem",
     "RateLimited",
     "Recipients",
     "RetryPolicy",
@@ -76,4 +84,5 @@ __all__ = [
     "ValidationError",
     "Verification",
     "VerificationState",
+    "draft",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from types import TracebackType
@@ -107,15 +108,23 @@ class _AwaitingResource:
         self._driver, self._plans = driver, plans
 
 
+def _performing(method: Callable[..., Any], plan: Callable[..., Any]) -> None:
+    # help() and editors show the plan's parameters, not its Plan[...] return type.
+    functools.update_wrapper(method, plan)
+    method.__signature__ = inspect.signature(plan).replace(  # type: ignore[attr-defined]
+        return_annotation=inspect.Signature.empty
+    )
+
+
 def blocking(
     plan: Callable[Concatenate[Any, P], Plan[R]],
 ) -> Callable[Concatenate[_BlockingResource, P], R]:
     """The plan as a method that performs it and returns its result."""
 
-    @functools.wraps(plan)
     def method(self: _BlockingResource, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return self._driver.run(plan(self._plans, *args, **kwargs))
 
+    _performing(method, plan)
     return method
 
 
@@ -124,15 +133,16 @@ def awaiting(
 ) -> Callable[Concatenate[_AwaitingResource, P], Coroutine[Any, Any, R]]:
     """The plan as a coroutine method that performs it and returns its result."""
 
-    @functools.wraps(plan)
     async def method(self: _AwaitingResource, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return await self._driver.run(plan(self._plans, *args, **kwargs))
 
+    _performing(method, plan)
     return method
 
 
 class Messages(_BlockingResource):
     send = blocking(MessagePlans.send)
+    send_batch = blocking(MessagePlans.send_batch)
     get = blocking(MessagePlans.get)
     list = blocking(MessagePlans.list)
     cancel = blocking(MessagePlans.cancel)
@@ -152,6 +162,7 @@ class Messages(_BlockingResource):
 
 class AsyncMessages(_AwaitingResource):
     send = awaiting(MessagePlans.send)
+    send_batch = awaiting(MessagePlans.send_batch)
     get = awaiting(MessagePlans.get)
     list = awaiting(MessagePlans.list)
     cancel = awaiting(MessagePlans.cancel)

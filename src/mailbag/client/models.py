@@ -136,6 +136,36 @@ class Verification(_Answer):
     replayed: bool = False
 
 
+class Problem(_Answer):
+    """An RFC 9457 problem: why one item of a batch was not written (what a single send
+    of it would have raised). Extension members (`errors`, ...) are kept."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str | None = None
+    errors: Any = None
+
+
+class BatchItemResult(_Answer):
+    index: int
+    result: Literal["created", "existing", "invalid"]
+    message: Message | None = None
+    error: Problem | None = None
+
+
+class BatchResult(_Answer):
+    """One result per item, in the order sent; `replayed` as for Message."""
+
+    created: int
+    existing: int
+    invalid: int
+    results: list[BatchItemResult]
+    replayed: bool = False
+
+
 @dataclass(frozen=True)
 class Attachment:
     """A file to send: its bytes, not base64 (the client encodes them). A content_id makes
