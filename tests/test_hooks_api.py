@@ -5,7 +5,6 @@ hooks off, endpoints (the secret shown once and stored sealed), validation, deli
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -13,20 +12,13 @@ import pytest
 from sqlalchemy import select
 
 from api_helpers import api_client, new_tenant
-from mailbag.domain.delivery import Decision
-from mailbag.domain.hooks import DAction, SecretBox, parse_secret
-from mailbag.domain.states import Action
-from mailbag.store import hooks as hook_store
-from mailbag.store.plan import run
+from hook_helpers import HOOKS_KEY, sent_and_failed, settle_all
+from mailbag.domain.hooks import SecretBox, parse_secret
 from mailbag.store.schema import hook_endpoints
 
-from helpers import claim, enqueue, finalize
-
 ADMIN_TOKEN = "admin-token-for-hooks-0123456789"
-HOOKS_KEY = "hooks-key-for-tests-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 URL = "https://hooks.acme.example/mailbag"
-NOW = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
 
 
 def admin_api(db: Any, **overrides: Any) -> Any:
@@ -244,40 +236,6 @@ async def test_update_disable_and_remove_an_endpoint(db):
 # --- deliveries -----------------------------------------------------------------------
 
 
-def sent_and_failed(db: Any, tenant: str, n_sent: int, n_failed: int = 0) -> list[Any]:
-    """Messages of the tenant a worker sent (n_sent) or failed for good (n_failed): each
-    change fans out to the tenant's subscribed endpoints in its own transaction."""
-    messages = enqueue(db, n_sent + n_failed, now=NOW, tenant_id=tenant)
-    batch = claim(db, now=NOW, limit=n_sent + n_failed)
-    outcomes = [
-        (m.id, Decision(Action.MARK_SENT if i < n_sent else Action.FAIL, error=None))
-        for i, m in enumerate(messages)
-    ]
-    finalize(db, batch.token, *outcomes, now=NOW)
-    return messages
-
-
-def bury_all(db: Any) -> None:
-    """A worker's claim of every due delivery, each refused for good (dead)."""
-    with db.engine.begin() as conn:
-        taken = run(
-            conn,
-            hook_store.claim(
-                worker_id="hooks-test", now=datetime.now(UTC), lease=timedelta(minutes=1), limit=50
-            ),
-        )
-        results = [
-            hook_store.Attempted(c.delivery.id, DAction.BURY, status_code=410, error="HTTP 410")
-            for c in taken.deliveries
-        ]
-        run(
-            conn,
-            hook_store.finalize(
-                token=taken.token, results=results, now=datetime.now(UTC), actor="hooks-test"
-            ),
-        )
-
-
 async def test_deliveries_are_listed_filtered_and_paged_newest_first(db):
     tenant, _ = new_tenant(db)
     async with admin_api(db) as api:
@@ -350,7 +308,7 @@ async def test_a_delivery_shows_its_body_and_history_and_an_operator_replays_a_d
         early = await api.post(f"{one}/replay", headers=AUTH)
         assert "pending" in problem(early, 409, "not-replayable")["detail"]
 
-        bury_all(db)
+        assert settle_all(db) == 1
         dead = (await api.get(one, headers=AUTH)).json()
         assert dead["status"] == "dead" and dead["attempts"] == 1
         assert dead["last_status_code"] == 410 and dead["last_error"] == "HTTP 410"
