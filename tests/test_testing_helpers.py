@@ -220,7 +220,11 @@ async def test_the_async_twin_and_the_loop_guard(db):
         mailbag.enqueue(conn, to="ada@example.org", subject="Async", text="hi")
     with pytest.raises(RuntimeError, match="deliver_all_async"):
         deliver_all(db.engine, settings=settings_for(db))
-    (email,) = await deliver_all_async(db.async_engine(), settings=settings_for(db))
+    engine = db.async_engine()
+    try:
+        (email,) = await deliver_all_async(engine, settings=settings_for(db))
+    finally:
+        await engine.dispose()
     assert email.subject == "Async"
 
 
