@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import click
+import typer
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -48,7 +48,7 @@ def run(
     try:
         invocation.settings(**given)  # the invocation's settings: every later call reads them
         command(**arguments)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         if exc.exit_code:
             raise CommandError(
                 f"mailbag {command.__name__} stopped (see above)", returncode=exc.exit_code
