@@ -48,6 +48,7 @@ class HookReceiver:
         self.lock = threading.Lock()
         self.received: list[Received] = []  # every verified POST, in arrival order
         self.rejected = 0
+        self.in_flight = 0  # verified POSTs not answered yet (waiting out `delay`)
         self.attempts: Counter[str] = Counter()  # verified POSTs per webhook-id
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -93,8 +94,11 @@ class HookReceiver:
                 self.rejected += 1
             return 401
         if self.delay:
+            with self.lock:
+                self.in_flight += 1
             time.sleep(self.delay)
         with self.lock:
+            self.in_flight -= 1 if self.delay else 0
             self.attempts[webhook_id] += 1
             status = self.fail_status if self.attempts[webhook_id] <= self.fail_first else 204
             self.received.append(
