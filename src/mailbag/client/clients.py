@@ -195,12 +195,27 @@ class AsyncVerifications(_AwaitingResource):
     resend = awaiting(VerificationPlans.resend)
 
 
-class Client:
+class _Client:
+    """What both clients check and keep: the core, and whether the http client is theirs."""
+
+    def __init__(
+        self, base_url: str, api_key: str, retry: RetryPolicy, given: object, transport: object
+    ) -> None:
+        if given is not None and transport is not None:
+            raise ValueError("give http_client or transport, not both")
+        self._core = Core(base_url, api_key, retry)
+        self._owns_http = given is None
+
+    def __repr__(self) -> str:  # never the key
+        return f"{type(self).__name__}({self._core.base_url!r})"
+
+
+class Client(_Client):
     """The mailbag HTTP API, blocking. `base_url` is where `mailbag api` listens,
     `api_key` a tenant's key. Give `http_client` (e.g. with event hooks or a proxy) or
     only a `transport`; a client made here is closed by `close()` / leaving `with`.
 
-        with Client("http://127.0.0.1:8000", api_key) as mailbag:
+        with Client("http://127.0.0.1:8025", api_key) as mailbag:
             message = mailbag.messages.send("ada@example.com", template="welcome")
     """
 
@@ -214,10 +229,7 @@ class Client:
         http_client: httpx.Client | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if http_client is not None and transport is not None:
-            raise ValueError("give http_client or transport, not both")
-        self._core = Core(base_url, api_key, retry)
-        self._owns_http = http_client is None
+        super().__init__(base_url, api_key, retry, http_client, transport)
         self._http = http_client or httpx.Client(transport=transport, timeout=timeout)
         driver = Blocking(self._http, timeout, time.sleep)
         self.messages = Messages(driver, MessagePlans(self._core))
@@ -238,14 +250,11 @@ class Client:
     ) -> None:
         self.close()
 
-    def __repr__(self) -> str:  # never the key
-        return f"Client({self._core.base_url!r})"
 
-
-class AsyncClient:
+class AsyncClient(_Client):
     """As Client, for asyncio: every operation is awaited.
 
-    async with AsyncClient("http://127.0.0.1:8000", api_key) as mailbag:
+    async with AsyncClient("http://127.0.0.1:8025", api_key) as mailbag:
         message = await mailbag.messages.send("ada@example.com", template="welcome")
     """
 
@@ -259,10 +268,7 @@ class AsyncClient:
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        if http_client is not None and transport is not None:
-            raise ValueError("give http_client or transport, not both")
-        self._core = Core(base_url, api_key, retry)
-        self._owns_http = http_client is None
+        super().__init__(base_url, api_key, retry, http_client, transport)
         self._http = http_client or httpx.AsyncClient(transport=transport, timeout=timeout)
         driver = Awaiting(self._http, timeout, asyncio.sleep)
         self.messages = AsyncMessages(driver, MessagePlans(self._core))
@@ -282,6 +288,3 @@ class AsyncClient:
         traceback: TracebackType | None,
     ) -> None:
         await self.aclose()
-
-    def __repr__(self) -> str:  # never the key
-        return f"AsyncClient({self._core.base_url!r})"

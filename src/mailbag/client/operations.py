@@ -4,7 +4,6 @@ docstrings included (client/clients.py), so each operation is written here only.
 
 from __future__ import annotations
 
-import builtins
 import functools
 import inspect
 import uuid
@@ -37,17 +36,15 @@ Mailbox = str | Address
 Mailboxes = Mailbox | Sequence[Mailbox]
 
 
-def _mailboxes(value: Mailboxes) -> str | builtins.list[Any]:
+def _mailboxes(value: Mailboxes) -> str | list[Any]:
     def one(mailbox: Mailbox) -> Any:
         if isinstance(mailbox, Address):
             return mailbox.model_dump(exclude_none=True)
         return mailbox
 
-    return value if isinstance(value, str) else [one(m) for m in _as_list(value)]
-
-
-def _as_list(value: Mailboxes) -> builtins.list[Mailbox]:
-    return [value] if isinstance(value, Address) else builtins.list(value)
+    if isinstance(value, str):  # a single string: `to_name` may name it
+        return value
+    return [one(m) for m in ([value] if isinstance(value, Address) else value)]
 
 
 def _id(value: str | uuid.UUID) -> str:
@@ -116,7 +113,7 @@ def draft(
         "priority": None if priority == "normal" else priority,
         "unsubscribe_url": unsubscribe_url,
         "unsubscribe_mailto": unsubscribe_mailto,
-        "tags": builtins.list(tags) or None,
+        "tags": list(tags) or None,
         "metadata": None if metadata is None else dict(metadata),
         "headers": None if headers is None else dict(headers),
     }
