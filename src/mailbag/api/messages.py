@@ -26,10 +26,12 @@ from mailbag.domain.message import (
     ANY_ADDRESS,
     InvalidMessage,
     MessageTooLarge,
+    NewMessage,
     new_message,
     normalize_address,
 )
 from mailbag.domain.states import Status
+from mailbag.services.container import Services
 
 router = APIRouter(prefix="/v1/messages", tags=["messages"])
 WHITESPACE = re.compile(r"\s+")
@@ -54,6 +56,16 @@ async def create_message(
     and body replay the first answer (header `Idempotent-Replayed: true`); the same key with
     a different body is a 409. A message over the size limits is a 413 (message-too-large);
     any other invalid field a 422 naming it."""
+    message = message_from(body, svc, tenant_id=tenant.id, key=key)
+    result = await svc.messages.create(key=key, message=message, now=now)
+    return replayed(result, response, "POST /v1/messages")
+
+
+def message_from(
+    body: MessageCreate, svc: Services, *, tenant_id: str, key: str | None
+) -> NewMessage:
+    """The message a request body asks for, checked as enqueue would and rendered once
+    (InvalidMessage, MessageTooLarge): POST /v1/messages and each item of a batch."""
     limits = svc.settings.limits
     message = new_message(
         to=_mailboxes(body.to) or [],
@@ -78,15 +90,14 @@ async def create_message(
         tags=body.tags,
         metadata=body.metadata,
         headers=body.headers,
-        tenant_id=tenant.id,
+        tenant_id=tenant_id,
         idempotency_key=key,
         known_templates=svc.catalog_names,
         address_rules=svc.settings.address_rules,
         limits=limits,
     )
     check_renders(message, svc.catalog)
-    result = await svc.messages.create(key=key, message=message, now=now)
-    return replayed(result, response, "POST /v1/messages")
+    return message
 
 
 def _listed(value: Mailboxes | None) -> list[Mailbox]:

@@ -1,7 +1,382 @@
-"""`mailbag send-bulk`: one message per CSV row (issue 12)."""
+"""`mailbag send-bulk`: one templated message per row of a CSV file (issue 12).
+
+Every row is checked before anything is written (new_message, the template rendered
+with the row, the sender identity), so a bad row is reported with its line number and
+never written. The good rows are then written in chunks, one transaction each, each row
+under an idempotency key: a run that stops half-way (a crash, Ctrl-C, a lost database)
+is finished by running the same command again, which skips what is already there.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
-def send_bulk() -> None:
-    """Send one templated message per row of a CSV file."""
+import typer
+
+from mailbag.cli.invocation import database, fail, settings
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from rich.progress import Progress
+
+    from mailbag.domain.message import NewMessage
+    from mailbag.templates import Catalog
+
+# Columns that address the message; every other column is template data.
+ADDRESS_COLUMNS = ("to", "to_name", "cc", "bcc", "reply_to", "from", "from_name")
+ACTOR = "cli:send-bulk"
+SHOWN_BAD_ROWS = 50
+# A good row: its line, its message, its fields.
+Row = tuple[int, "NewMessage", list[str]]
+# Exits beyond invocation's 1 and 2: the good rows were written, some rows were bad.
+PARTLY_WRITTEN = 3
+
+
+def send_bulk(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="CSV file, UTF-8; the first line names the columns.",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+        ),
+    ],
+    template: Annotated[str, typer.Option(help="Template every row is sent with.")],
+    tenant: Annotated[str, typer.Option(help="Tenant the messages belong to.")] = "default",
+    key_column: Annotated[
+        str | None,
+        typer.Option(
+            help="Column whose value is each row's idempotency key (unique in the file and "
+            "among the tenant's messages). Default: a key made of the file's content, the "
+            "template and the row's line."
+        ),
+    ] = None,
+    key_prefix: Annotated[
+        str, typer.Option(help="Put before every --key-column value, e.g. 'nov-digest:'.")
+    ] = "",
+    all_or_nothing: Annotated[
+        bool,
+        typer.Option(help="Write nothing when any row is bad (default: write the good rows)."),
+    ] = False,
+    dry_run: Annotated[bool, typer.Option(help="Check every row, write nothing.")] = False,
+    rejects: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the bad rows (with the header) to this CSV file, to fix and send it."
+        ),
+    ] = None,
+    priority: Annotated[
+        str, typer.Option(help="high, normal or low: higher is claimed first.")
+    ] = "normal",
+    chunk_size: Annotated[
+        int, typer.Option(min=1, max=10_000, help="Rows per transaction.")
+    ] = 1000,
+    delimiter: Annotated[str, typer.Option(help="The CSV field separator.")] = ",",
+) -> None:
+    """Send one templated message per CSV row: the columns are the template's data.
+
+    Column `to` is required: one address, or several separated by commas. Optional
+    columns `to_name`, `cc`, `bcc`, `reply_to`, `from` (a sender identity of the tenant)
+    and `from_name` address the message and are not template data; every other column
+    is (as text). Every row is checked first; a bad row is reported with its line number
+    and never written. The good rows are written 1,000 per transaction; exit 0 when every
+    row was good, 2 when nothing was written (bad file, or bad rows with
+    --all-or-nothing), 3 when the good rows were written and some rows were bad.
+
+    Safe to re-run: each row has an idempotency key, so running the same command on the
+    same file again (after a crash or Ctrl-C) writes only the rows not yet written. The
+    default key is made of the file's content, the template and the row's line number: an
+    edited file is a new send, every row of it. To fix bad rows, send the --rejects file
+    after fixing it, not the edited original; or give rows stable keys with --key-column.
+    """
+    import hashlib
+    import time
+
+    from mailbag import templates
+
+    if len(delimiter) != 1:
+        fail("--delimiter must be one character")
+    if priority not in ("high", "normal", "low"):
+        fail(f"--priority must be high, normal or low, not {priority!r}")
+    if key_prefix and key_column is None:
+        fail("--key-prefix goes with --key-column")
+    config = settings()
+    try:
+        catalog = templates.load(config.templates_dir)
+    except templates.TemplateError as exc:
+        fail(str(exc))
+    if template not in catalog.names():
+        fail(f"unknown template {template!r}; known: {', '.join(sorted(catalog.names()))}")
+    raw = read(file)
+    started = time.perf_counter()
+    # The file's identity for the default keys: its content (not its name or place), and
+    # the template, so the same list sent with another template is another send.
+    digest = hashlib.sha256(template.encode() + b"\n" + raw).hexdigest()[:32]
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        fail(f"{file}: line {line} is not UTF-8 (byte {exc.start}); save the file as UTF-8")
+    records = list(rows(file, text, delimiter))
+    if not records:
+        fail(f"{file} is empty: its first line must name the columns, one of them `to`")
+    (_, header), body = records[0], records[1:]
+    columns = [name.strip() for name in header]
+    check_header(file, columns, key_column)
+    if not body:
+        fail(f"{file} has a header and no rows")
+
+    checker = RowChecker(
+        columns=columns,
+        template=template,
+        tenant=tenant,
+        priority=priority,
+        catalog=catalog,
+        key=(lambda row, line: key_prefix + row[key_column])
+        if key_column
+        else (lambda row, line: f"bulk-{digest}-{line}"),
+        key_column=key_column,
+    )
+    good: list[Row] = []
+    bad: list[tuple[int, str, list[str]]] = []
+    with progress_bar() as progress:
+        checking = progress.add_task("checking", total=len(body))
+        for n, (line, record) in enumerate(body, 1):
+            problem, message = checker.check(line, record)
+            if message is not None:
+                good.append((line, message, record))
+            else:
+                bad.append((line, problem or "", record))
+            if n % 1000 == 0:
+                progress.update(checking, completed=n)
+        progress.update(checking, completed=len(body))
+        engine = database()
+        good, refused = check_senders(engine, good)
+        bad = sorted(bad + refused)
+        report_bad(bad, len(body))
+        if rejects is not None and bad:
+            write_rejects(rejects, header, [record for _, _, record in bad], delimiter)
+        if dry_run or (bad and all_or_nothing) or not good:
+            why = "--dry-run" if dry_run else "--all-or-nothing" if good else "no good rows"
+            typer.echo(
+                f"{file}: {len(body)} rows: {len(good)} good, {len(bad)} bad; "
+                f"nothing written ({why})"
+            )
+            raise typer.Exit(2 if bad else 0)
+        writing = progress.add_task("writing", total=len(good))
+        counts = write(engine, good, chunk_size, progress, writing, config.max_attempts)
+    seconds = time.perf_counter() - started
+    suppressed = f" ({counts['suppressed']} suppressed: not sent)" if counts["suppressed"] else ""
+    typer.echo(
+        f"{file}: {len(body)} rows: {counts['created']} created{suppressed}, "
+        f"{counts['existing']} already there, {len(bad)} bad (not written); "
+        f"{seconds:.1f} s, {len(body) / seconds:.0f} rows/s"
+    )
+    if bad:
+        raise typer.Exit(PARTLY_WRITTEN)
+
+
+def read(file: Path) -> bytes:
+    try:
+        return file.read_bytes()
+    except OSError as exc:
+        fail(f"{file}: {exc.strerror or exc}")
+
+
+def rows(file: Path, text: str, delimiter: str) -> Iterator[tuple[int, list[str]]]:
+    """(line where the record starts, its fields), blank lines left out; a record may span
+    lines (a quoted line break)."""
+    import csv
+    import io
+
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    start = 1
+    try:
+        for record in reader:
+            if record:
+                yield start, record
+            start = reader.line_num + 1
+    except csv.Error as exc:
+        fail(f"{file}: line {reader.line_num}: not CSV: {exc}")
+
+
+def check_header(file: Path, columns: list[str], key_column: str | None) -> None:
+    if "to" not in columns:
+        fail(f"{file}: the first line must name a `to` column; it names {', '.join(columns)}")
+    if "" in columns:
+        fail(f"{file}: column {columns.index('') + 1} of the first line has no name")
+    seen: set[str] = set()
+    for name in columns:
+        if name in seen:
+            fail(f"{file}: column {name!r} is named twice")
+        seen.add(name)
+    if key_column is not None and key_column not in columns:
+        fail(f"--key-column {key_column!r} is not a column of {file}")
+
+
+class RowChecker:
+    """One row into a NewMessage, or what is wrong with it."""
+
+    def __init__(
+        self,
+        *,
+        columns: list[str],
+        template: str,
+        tenant: str,
+        priority: str,
+        catalog: Catalog,
+        key: Any,
+        key_column: str | None,
+    ) -> None:
+        self.columns, self.template, self.tenant = columns, template, tenant
+        self.priority, self.catalog, self.key, self.key_column = priority, catalog, key, key_column
+        self.names = catalog.names()
+        config = settings()
+        self.address_rules, self.limits = config.address_rules, config.limits
+        self.keys: dict[str, int] = {}  # key -> the line that has it
+
+    def check(self, line: int, record: list[str]) -> tuple[str | None, NewMessage | None]:
+        from mailbag.compose import check_renders
+        from mailbag.domain.message import InvalidMessage, new_message
+
+        if len(record) != len(self.columns):
+            return f"has {len(record)} fields; the header has {len(self.columns)}", None
+        row = dict(zip(self.columns, record, strict=True))
+        if self.key_column is not None and not row[self.key_column].strip():
+            return f"key column {self.key_column!r} is empty", None
+        key = self.key(row, line)
+        if (first := self.keys.get(key)) is not None:
+            return f"key {key!r} is also line {first}'s", None
+        to = addresses(row["to"])
+        try:
+            message = new_message(
+                to=to[0] if len(to) == 1 else to,
+                to_name=row.get("to_name") or None,
+                cc=addresses(row.get("cc", "")),
+                bcc=addresses(row.get("bcc", "")),
+                reply_to=addresses(row.get("reply_to", "")),
+                from_address=row.get("from") or None,
+                from_name=row.get("from_name") or None,
+                template=self.template,
+                data={k: v for k, v in row.items() if k not in ADDRESS_COLUMNS},
+                tenant_id=self.tenant,
+                idempotency_key=key,
+                priority=self.priority,
+                known_templates=self.names,
+                address_rules=self.address_rules,
+                limits=self.limits,
+            )
+            check_renders(message, self.catalog)
+        except InvalidMessage as exc:
+            return str(exc), None
+        self.keys[key] = line
+        return None, message
+
+
+def addresses(cell: str) -> list[str]:
+    return [a.strip() for a in cell.split(",") if a.strip()]
+
+
+def check_senders(
+    engine: Any, good: list[Row]
+) -> tuple[list[Row], list[tuple[int, str, list[str]]]]:
+    """The rows whose `from` is a sender identity of the tenant, and the others with why."""
+    from mailbag.services.batch import foreign_senders
+    from mailbag.store.session import Session
+
+    if not any(m.from_address for _, m, _ in good):
+        return good, []
+    with engine.connect() as conn:
+        refused = Session(conn).run(foreign_senders([m for _, m, _ in good]))
+    kept = [row for i, row in enumerate(good) if i not in refused]
+    return kept, [(good[i][0], str(exc), good[i][2]) for i, exc in refused.items()]
+
+
+def report_bad(bad: list[tuple[int, str, list[str]]], total: int) -> None:
+    for line, problem, _ in bad[:SHOWN_BAD_ROWS]:
+        typer.echo(f"line {line}: {problem}", err=True)
+    if len(bad) > SHOWN_BAD_ROWS:
+        typer.echo(
+            f"... and {len(bad) - SHOWN_BAD_ROWS} more bad rows (--rejects FILE lists them all)",
+            err=True,
+        )
+
+
+def write_rejects(path: Path, header: list[str], records: list[list[str]], delimiter: str) -> None:
+    import csv
+
+    try:
+        with path.open("w", encoding="utf-8", newline="") as out:
+            writer = csv.writer(out, delimiter=delimiter)
+            writer.writerow(header)
+            writer.writerows(records)
+    except OSError as exc:
+        fail(f"--rejects {path}: {exc.strerror or exc}")
+
+
+def write(
+    engine: Any,
+    good: list[Row],
+    chunk_size: int,
+    progress: Progress,
+    task: Any,
+    max_attempts: int,
+) -> dict[str, int]:
+    """Write the messages, `chunk_size` per transaction; a stop half-way says how to go on."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from mailbag.domain.message import InvalidMessage
+    from mailbag.domain.states import Status
+    from mailbag.services.outbox import enqueue_many
+
+    counts = {"created": 0, "existing": 0, "suppressed": 0}
+    done = 0
+    try:
+        for start in range(0, len(good), chunk_size):
+            chunk = [message for _, message, _ in good[start : start + chunk_size]]
+            with engine.begin() as conn:
+                results = enqueue_many(conn, chunk, max_attempts=max_attempts, actor=ACTOR)
+            for result in results:
+                if not result.created:
+                    counts["existing"] += 1
+                else:
+                    counts["created"] += 1
+                    counts["suppressed"] += result.message.status == Status.FAILED
+            done += len(chunk)
+            progress.update(task, completed=done)
+    except (SQLAlchemyError, InvalidMessage, KeyboardInterrupt) as exc:
+        progress.stop()
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed: {exc}"
+        fail(
+            f"{why} after {done} of {len(good)} rows were written; run the same command "
+            "again to write the rest (rows already written are skipped)",
+            code=1,
+        )
+    return counts
+
+
+def progress_bar() -> Progress:
+    """A progress bar on stderr when it is a terminal; nothing otherwise."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn("{task.description:>8}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )
