@@ -39,7 +39,7 @@ from mailbag.domain.message import InvalidMessage
 from mailbag.store.database import READ_ONLY, make_engine
 from mailbag.store.schema import outbox_messages
 
-from conftest import SERVER_URLS
+from conftest import SERVER_URLS, _server_database
 from helpers import tiny_pdf, tiny_png
 from smtp_server import ReceivedMessage, RecordingSMTPServer
 
@@ -48,6 +48,13 @@ ALIASES = {"sqlite": "default", "postgresql": "pg"}
 
 
 # --- the project, its databases, the SMTP server and the workers ---------------------------
+
+
+@pytest.fixture(scope="session")
+def _django_postgres_url() -> Iterator[str]:
+    """A scratch database of this module's own: the workers it runs must never claim the
+    messages of other tests sharing conftest's."""
+    yield from _server_database("postgresql")
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +68,7 @@ def django_env(
         "MAILBAG_TEST_DJANGO_SQLITE": str(tmp_path_factory.mktemp("django") / "project.db"),
     }
     if os.environ.get(SERVER_URLS["postgresql"]):
-        env["MAILBAG_TEST_DJANGO_POSTGRES"] = request.getfixturevalue("postgresql_url")
+        env["MAILBAG_TEST_DJANGO_POSTGRES"] = request.getfixturevalue("_django_postgres_url")
     os.environ.update(env)
     import django
     from django.core.management import call_command
@@ -492,6 +499,40 @@ def test_an_unknown_mailbag_setting_or_backend_option_is_refused(alias):
         EmailBackend(database=alias, username="me", password="secret")
 
 
+def test_backend_options_as_mailers_passes_them_win_over_settings(alias, outbox):
+    """Django 6.1's MAILERS gives OPTIONS to the backend as keyword arguments (and the
+    entry's name as `alias`); EMAIL_BACKEND's backend takes settings.MAILBAG's."""
+    from django.core.mail import EmailMessage
+
+    from mailbag.django import EmailBackend
+
+    subject = unique("Tenant")
+    mailer = EmailBackend(alias="transactional", database=alias, tenant="shop-eu")
+    assert mailer.send_messages([EmailMessage(subject, "x", None, ["ann@example.com"])]) == 1
+    assert count(outbox, subject=subject, tenant_id="shop-eu") == 1
+
+
+def test_system_checks_report_unusable_settings_and_a_deferred_sqlite(django_env):
+    from django.core.checks import run_checks
+    from django.db import connections
+    from django.test import override_settings
+
+    def reported() -> set[str]:
+        return {message.id for message in run_checks(tags=["mailbag"])}
+
+    assert reported() == set()
+    with override_settings(MAILBAG={"DATABASE": "missing"}):
+        assert reported() == {"mailbag.E001"}
+    with override_settings(MAILBAG={"BATCH_SIZE": 0}):
+        assert reported() == {"mailbag.E001"}
+    options = connections["default"].settings_dict["OPTIONS"]
+    mode = options.pop("transaction_mode")
+    try:
+        assert reported() == {"mailbag.W001"}
+    finally:
+        options["transaction_mode"] = mode
+
+
 def test_mailbag_stats_counts_the_outbox_of_the_django_database(alias, django_env, outbox):
     from django.core.mail import send_mail
 
@@ -502,9 +543,13 @@ def test_mailbag_stats_counts_the_outbox_of_the_django_database(alias, django_en
 
 
 def test_a_command_with_bad_settings_says_so_and_exits_non_zero(django_env):
-    done = manage({**django_env, "MAILBAG_BATCH_SIZE": "0"}, "mailbag_worker")
+    bad = {**django_env, "MAILBAG_BATCH_SIZE": "0"}
+    done = manage(bad, "mailbag_worker")  # stopped by the system check
+    assert done.returncode == 1
+    assert "mailbag.E001" in done.stderr and "BATCH_SIZE" in done.stderr
+    done = manage(bad, "mailbag_worker", "--skip-checks")  # then by mailbag's own settings
     assert done.returncode == 2
-    assert "batch_size" in done.stderr.lower()
+    assert "invalid settings" in done.stderr and "batch_size" in done.stderr
     done = manage(django_env, "mailbag_stats", "--database", "nope")
     assert done.returncode != 0
     assert "no database 'nope'" in done.stderr

@@ -23,7 +23,8 @@ Rules:
 
 Options (EMAIL_BACKEND takes them from settings.MAILBAG; Django 6.1's MAILERS passes its
 OPTIONS as keyword arguments, which win): `tenant`, `database` (a DATABASES alias),
-`max_attempts`. Django's `auth_user`/`auth_password` mean nothing here and are refused.
+`max_attempts`; any other is refused (TypeError). Django's `auth_user`/`auth_password`
+mean nothing here and are refused too.
 """
 
 from __future__ import annotations
@@ -59,9 +60,12 @@ class EmailBackend(BaseEmailBackend):  # type: ignore[misc]  # Django ships no t
         max_attempts: int | None = None,
         username: str | None = None,
         password: str | None = None,
+        alias: str | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(fail_silently=fail_silently)
+        # `alias`: the name of the MAILERS entry, which Django 6.1 passes and keeps.
+        super().__init__(**({"alias": alias} if alias is not None else {}))
+        self.fail_silently = fail_silently
         if username is not None or password is not None:
             raise ImproperlyConfigured(
                 "mailbag.django.EmailBackend takes no auth_user/auth_password: the worker "
@@ -72,7 +76,7 @@ class EmailBackend(BaseEmailBackend):  # type: ignore[misc]  # Django ships no t
                 f"mailbag.django.EmailBackend got unknown options: {', '.join(sorted(options))} "
                 "(it takes tenant, database and max_attempts)"
             )
-        self.alias = conf.database_alias(database)
+        self.database = conf.database_alias(database)
         self.tenant = conf.tenant(tenant)
         self.max_attempts = max_attempts
         self._settings: Settings | None = None
@@ -82,7 +86,7 @@ class EmailBackend(BaseEmailBackend):  # type: ignore[misc]  # Django ships no t
         """mailbag's settings (read once per backend): the address rules and size limits
         messages are checked against are the worker's."""
         if self._settings is None:
-            self._settings = conf.mailbag_settings(self.alias)
+            self._settings = conf.mailbag_settings(self.database)
         return self._settings
 
     def send_messages(self, email_messages: Sequence[Any]) -> int:
@@ -92,7 +96,10 @@ class EmailBackend(BaseEmailBackend):  # type: ignore[misc]  # Django ships no t
         if not built:
             return 0
         try:
-            with transaction.atomic(using=self.alias), on_django_connection(self.alias) as conn:
+            with (
+                transaction.atomic(using=self.database),
+                on_django_connection(self.database) as conn,
+            ):
                 results = enqueue_many(
                     conn,
                     built,
@@ -101,7 +108,7 @@ class EmailBackend(BaseEmailBackend):  # type: ignore[misc]  # Django ships no t
                 )
                 if any(result.created for result in results):
                     # Not wakeup.notify_after_commit: SQLAlchemy never sees this commit.
-                    transaction.on_commit(wakeup.notify, using=self.alias)
+                    transaction.on_commit(wakeup.notify, using=self.database)
         except Exception as exc:
             if not self.fail_silently:
                 raise
