@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from mailbag.console import actions, attachments, auth, render, views
+from mailbag.console import actions, attachments, auth, hooks, render, views
 from mailbag.console.context import Console, ConsoleError, Handler
 from mailbag.console.forms import BadForm, read_form
 from mailbag.services.operations import NotAllowed
@@ -27,6 +27,8 @@ PAGES: list[tuple[str, Handler]] = [
     ("/messages/{message_id}", views.message),
     ("/messages/{message_id}/attachments/{position}", attachments.download),
     ("/suppressions", views.suppressions),
+    ("/hooks", hooks.page),
+    ("/hooks/deliveries/{delivery_id}", hooks.delivery),
 ]
 ACTIONS: list[tuple[str, Handler]] = [
     ("/messages/bulk-requeue", actions.bulk_requeue),
@@ -35,6 +37,7 @@ ACTIONS: list[tuple[str, Handler]] = [
     ("/messages/{message_id}/resolve", actions.resolve),
     ("/suppressions/add", actions.suppress),
     ("/suppressions/remove", actions.unsuppress),
+    ("/hooks/deliveries/{delivery_id}/replay", hooks.replay),
 ]
 # Where a login may lead: console pages only, never another site ("//evil.example").
 _LOCAL_NEXT = re.compile(r"^/admin(/[^/\\][^\\\s]*)?(\?[^\s]*)?$")
