@@ -284,13 +284,12 @@ def check_senders(
     engine: Any, good: list[Row]
 ) -> tuple[list[Row], list[tuple[int, str, list[str]]]]:
     """The rows whose `from` is a sender identity of the tenant, and the others with why."""
-    from mailbag.services.batch import foreign_senders
-    from mailbag.store.session import Session
+    from mailbag.services.batch import refused_senders
 
     if not any(m.from_address for _, m, _ in good):
         return good, []
     with engine.connect() as conn:
-        refused = Session(conn).run(foreign_senders([m for _, m, _ in good]))
+        refused = refused_senders(conn, [m for _, m, _ in good])
     kept = [row for i, row in enumerate(good) if i not in refused]
     return kept, [(good[i][0], str(exc), good[i][2]) for i, exc in refused.items()]
 

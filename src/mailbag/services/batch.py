@@ -26,9 +26,10 @@ from mailbag.services.messages import message_fingerprint, public
 from mailbag.settings import Settings
 from mailbag.store import senders as sender_store
 from mailbag.store.plan import Plan
-from mailbag.store.session import AsyncDatabase, AsyncSession
+from mailbag.store.session import AsyncDatabase, AsyncSession, Session
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 ACTOR = "api"
@@ -53,6 +54,11 @@ def foreign_senders(messages: Sequence[NewMessage]) -> Plan[dict[int, InvalidMes
         for index, m in enumerate(messages)
         if m.from_address and (m.tenant_id, m.from_address.lower()) not in identities
     }
+
+
+def refused_senders(conn: Connection, messages: Sequence[NewMessage]) -> dict[int, InvalidMessage]:
+    """foreign_senders, on a sync connection (send-bulk checks every row before writing)."""
+    return Session(conn).run(foreign_senders(messages))
 
 
 @dataclass(frozen=True)
