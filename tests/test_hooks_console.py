@@ -11,13 +11,17 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import pytest
 
-from api_helpers import api_client, new_tenant
+from api_helpers import api_client, new_tenant, settings_for
 from hook_helpers import HOOKS_KEY, sent_and_failed, settle_all
+from mailbag.api import create_app
 from mailbag.domain.hooks import DAction
 from mailbag.services.hooks import SyncHooks
 from mailbag.settings import Settings
+from servers import uvicorn_thread
 from test_console import PASSWORD, login, token
+from test_console_browser import ARTIFACTS, chromium  # noqa: F401 - a fixture
 
 URL = "https://hooks.acme.example/mailbag"
 
@@ -157,3 +161,43 @@ async def test_the_hooks_pages_need_a_login(db):
         assert page.status_code == 303 and page.headers["location"].startswith("/admin/login")
         replay = await client.post(f"/admin/hooks/deliveries/{uuid.uuid4()}/replay")
         assert replay.status_code == 303
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_an_operator_replays_a_dead_delivery_in_the_browser(db, chromium):  # noqa: F811
+    tenant, _ = new_tenant(db, "acme")
+    endpoint(db, tenant, "sent")
+    sent_and_failed(db, tenant, n_sent=1)
+    settle_all(db)  # 410: dead
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    app = create_app(settings_for(db, admin_password=PASSWORD, hooks_key=HOOKS_KEY))
+    with uvicorn_thread(app) as base:
+        # Scripts on: the console's CSP would report anything of these pages it blocks.
+        context = chromium.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        page.set_default_timeout(10_000)
+        problems: list[str] = []
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.goto(f"{base}/admin/login?next=/admin")
+        page.fill("#password", PASSWORD)
+        page.click("button[type=submit]")
+
+        page.click("nav >> text=Hooks")
+        assert page.url == f"{base}/admin/hooks"
+        assert URL in page.inner_text("#endpoints")
+        rows = page.locator("#deliveries tbody tr")
+        assert rows.count() == 1 and "dead" in rows.first.inner_text()
+        page.screenshot(path=str(ARTIFACTS / "hooks.png"), full_page=True)
+
+        rows.first.locator("a").click()
+        assert page.inner_text("#state") == "dead"
+        assert "HTTP 410" in page.inner_text("#last-error")
+        page.click("button:has-text('Replay…')")
+        assert "Replay this delivery?" in page.inner_text("h1")
+        page.click("button:has-text('Yes, replay this delivery')")
+        assert page.inner_text("#state") == "pending"
+        assert "Replayed" in page.inner_text(".flash")
+        assert "operator:console" in page.inner_text("#history")
+        page.screenshot(path=str(ARTIFACTS / "hook-delivery.png"), full_page=True)
+        assert problems == []
+        context.close()
