@@ -432,6 +432,21 @@ def test_a_replayed_key_reads_the_stored_message_back_through_djangos_connection
     assert again.message.created_at.utcoffset() is not None
 
 
+def test_a_message_to_suppressed_addresses_only_is_not_counted_as_enqueued(alias, outbox):
+    from django.core.mail import send_mail
+
+    from mailbag.clock import utcnow
+    from mailbag.store import suppressions
+    from mailbag.store.plan import run
+
+    gone = f"gone-{uuid.uuid4().hex[:8]}@example.com"
+    with outbox.begin() as conn:
+        run(conn, suppressions.add(tenant_id="default", email=gone, reason="bounce", now=utcnow()))
+    subject = unique("Suppressed")
+    assert send_mail(subject, "x", None, [gone], connection=backend(alias)) == 0
+    assert count(outbox, subject=subject, status="failed") == 1  # written, and never sent
+
+
 def test_fail_silently_skips_an_invalid_message_and_enqueues_the_others(alias, outbox):
     from django.core.mail import EmailMessage
 

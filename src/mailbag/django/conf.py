@@ -18,6 +18,7 @@ DEFAULT_FROM_EMAIL.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -145,13 +146,35 @@ def settings_kwargs(alias: str, **overrides: Any) -> dict[str, Any]:
 
 
 def mailbag_settings(alias: str, **overrides: Any) -> Settings:
-    """mailbag's Settings for this project (see the module docstring)."""
+    """mailbag's Settings for this project (see the module docstring). Made once for the
+    same MAILBAG, DATABASES and MAILBAG_* environment: Django makes a backend per send_mail,
+    and reading settings costs more than an enqueue."""
+    given = settings_kwargs(alias, **overrides)
+    environment = sorted((k, v) for k, v in os.environ.items() if k.startswith("MAILBAG_"))
+    key = repr((sorted(given.items()), environment))
+    with _lock:
+        made = _made.get(key)
+    if made is None:
+        made = _settings(given)
+        with _lock:
+            if len(_made) >= _MADE_MAX:
+                _made.clear()
+            _made[key] = made
+    return made
+
+
+_made: dict[str, Settings] = {}
+_MADE_MAX = 16
+_lock = threading.Lock()
+
+
+def _settings(given: dict[str, Any]) -> Settings:
     from pydantic import ValidationError
 
     from mailbag.settings import Settings
 
     try:
-        return Settings(**settings_kwargs(alias, **overrides))
+        return Settings(**given)
     except ValidationError as exc:
         # Each problem without its input: a wrong value may be a secret.
         problems = "; ".join(
