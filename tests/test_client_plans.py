@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import inspect
+import socket
 import subprocess
 import sys
 import typing
@@ -485,3 +486,20 @@ def test_a_batch_sends_each_drafts_body_with_its_own_key_under_one_key_for_the_w
     assert result.replayed and (result.created, result.invalid) == (1, 1)
     assert result.results[0].message.id == MESSAGE["id"]
     assert result.results[1].error.errors == {"to": "bad"} and result.results[1].error.status == 422
+
+
+def test_a_port_nobody_listens_on_ends_in_connection_failed_after_every_attempt():
+    with socket.socket() as s:  # a port that was free a moment ago, and nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    seen: list[httpx.Request] = []
+    http = httpx.Client(event_hooks={"request": [seen.append]})
+    with http, pytest.raises(ConnectionFailed) as failed:
+        Client(
+            f"http://127.0.0.1:{port}",
+            "k-secret",
+            http_client=http,
+            retry=RetryPolicy(max_attempts=3, backoff=0.01),
+        ).messages.send("ada@example.com", template="welcome")
+    assert failed.value.attempts == 3 and isinstance(failed.value.__cause__, httpx.ConnectError)
+    assert len(seen) == 3 and len({r.headers["Idempotency-Key"] for r in seen}) == 1
