@@ -212,6 +212,11 @@ async def test_update_disable_and_remove_an_endpoint(db):
         off = await api.patch(one, json={"enabled": False}, headers=AUTH)
         assert off.json()["enabled"] is False
         assert off.json()["url"] == "https://other.acme.example/h"  # the rest stays
+        assert off.json()["description"] is None
+        noted = await api.patch(one, json={"description": "billing"}, headers=AUTH)
+        assert noted.json()["description"] == "billing" and noted.json()["enabled"] is False
+        cleared = await api.patch(one, json={"description": ""}, headers=AUTH)
+        assert cleared.json()["description"] is None
         bad = await api.patch(one, json={"url": "http://x.example"}, headers=AUTH)
         assert "url" in problem(bad, 422, "invalid-hook")["errors"]
         bad = await api.patch(one, json={"events": ["nope"]}, headers=AUTH)

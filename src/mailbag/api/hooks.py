@@ -172,7 +172,9 @@ class EndpointChange(Strict):
         description="False stops deliveries to it (they wait, and go out once it is "
         "enabled again).",
     )
-    description: str | None = Field(None, max_length=DESCRIPTION_MAX)
+    description: str | None = Field(
+        None, max_length=DESCRIPTION_MAX, description='A new note; "" removes it.'
+    )
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"enabled": False}]})
 
@@ -483,8 +485,6 @@ async def list_deliveries(
     try:
         page = await hooks.list_deliveries(where, cursor=cursor, limit=limit)
     except ValueError as exc:  # the service's word for a cursor it did not give out
-        if isinstance(exc, InvalidHook):
-            raise
         raise ProblemError(400, "invalid-cursor", "Invalid cursor", str(exc)) from None
     return DeliveryPageOut(
         items=[DeliveryOut.of(d) for d in page.deliveries], next_cursor=page.next_cursor
