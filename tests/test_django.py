@@ -310,7 +310,7 @@ def test_alternatives_attachments_inline_images_and_recipients_arrive_intact(ali
         to=["Ann Ångström <ann@example.com>", "bob@example.com"],
         cc=['"Carol, CFO" <carol@example.com>'],
         bcc=["Dave Hidden <dave.hidden@example.com>"],
-        reply_to=["Help Desk <help@example.com>"],
+        reply_to=['"Help, Desk" <help@example.com>', "billing@example.com"],
         headers={"List-Unsubscribe": "<https://example.com/u/1>", "X-Order": "42"},
         connection=backend(alias),
     )
@@ -333,7 +333,10 @@ def test_alternatives_attachments_inline_images_and_recipients_arrive_intact(ali
 
     assert mailboxes("To") == [("Ann Ångström", "ann@example.com"), ("", "bob@example.com")]
     assert mailboxes("Cc") == [("Carol, CFO", "carol@example.com")]
-    assert mailboxes("Reply-To") == [("Help Desk", "help@example.com")]
+    assert mailboxes("Reply-To") == [
+        ("Help, Desk", "help@example.com"),
+        ("", "billing@example.com"),
+    ]
     assert "Bcc" not in email and b"dave.hidden" not in received.raw.lower()
     assert email["List-Unsubscribe"] == "<https://example.com/u/1>"
     assert email["X-Order"] == "42"

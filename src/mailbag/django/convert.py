@@ -68,7 +68,7 @@ def message_fields(message: Any, *, tenant: str, default_from: str) -> dict[str,
         "to": _mailboxes("to", message.to, errors),
         "cc": _mailboxes("cc", message.cc, errors),
         "bcc": _mailboxes("bcc", message.bcc, errors),
-        "reply_to": _mailboxes("reply_to", _split(reply_to), errors),
+        "reply_to": _mailboxes("reply_to", reply_to, errors, several=True),
         "subject": str(message.subject),
         "headers": headers,
         "idempotency_key": idempotency_key,
@@ -85,23 +85,23 @@ def message_fields(message: Any, *, tenant: str, default_from: str) -> dict[str,
     return fields
 
 
-def _split(values: Iterable[str]) -> list[str]:
-    """Header-style lists ("a@x, B <b@x>") as one item per mailbox."""
-    return [
-        f"{name} <{address}>" if name else address
-        for name, address in getaddresses([str(v) for v in values])
-    ]
-
-
-def _mailboxes(field: str, values: Iterable[Any], errors: dict[str, str]) -> list[Address]:
-    found = []
+def _mailboxes(
+    field: str, values: Iterable[Any], errors: dict[str, str], *, several: bool = False
+) -> list[Address]:
+    """Each value one mailbox ("Name <addr>" or "addr"); with `several`, a header-style list
+    of them ("a@x, B <b@x>", as a Reply-To header holds)."""
+    found: list[Address] = []
     for value in values or ():
         parsed = getaddresses([str(value)])
-        if len(parsed) != 1 or not parsed[0][1]:
-            errors[field] = f"{str(value)!r} is not one email address"
+        if (
+            not parsed
+            or not all(address for _, address in parsed)
+            or (len(parsed) > 1 and not several)
+        ):
+            kind = "email addresses" if several else "one email address"
+            errors[field] = f"{str(value)!r} is not {kind}"
             continue
-        name, address = parsed[0]
-        found.append(Address(address, name or None))
+        found.extend(Address(address, name or None) for name, address in parsed)
     return found
 
 
