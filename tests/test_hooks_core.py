@@ -708,3 +708,27 @@ def test_hooks_key_must_be_long_enough_and_empty_means_off(db):
     assert not settings_for(db, hooks_key="").hooks_enabled
     with pytest.raises(ValueError, match="HOOKS_KEY"):
         settings_for(db, hooks_key="short")
+
+
+async def test_a_stopping_deliverer_hands_its_batch_back_without_spending_an_attempt(
+    db, async_engine
+):
+    import asyncio
+
+    hooks = SyncHooks(db.engine, settings_for(db))
+    with HookReceiver(delay=2.0) as receiver:
+        receiver.secret = hooks.create_endpoint("default", receiver.url, ["sent"]).secret
+        sent(db, 2)
+        deliverer_ = deliverer(db, async_engine)
+        try:
+            running = asyncio.ensure_future(deliverer_.run_once())
+            while not receiver.in_flight:
+                await asyncio.sleep(0.02)
+            running.cancel()  # as SideTasks.stop does when the worker stops
+            with pytest.raises(asyncio.CancelledError):
+                await running
+        finally:
+            await deliverer_.aclose()
+    rows = deliveries(db)
+    assert {(r.status, r.attempts, r.claim_token) for r in rows} == {("pending", 0, None)}
+    assert history(db, rows[0].id)[-1] == ("processing", "pending", 1)

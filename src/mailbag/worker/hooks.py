@@ -10,7 +10,7 @@ timeout) is retried with backoff and full jitter, dead once HOOK_MAX_ATTEMPTS ar
 No transaction is open during a POST. At least once: a worker that dies mid-batch leaves
 its deliveries `processing` until their lease runs out; the sweep then retries them, and a
 receiver may see one twice, with the same webhook-id (its dedup key). A stop (SIGTERM)
-cancels POSTs in flight the same way.
+cancels the POSTs in flight and hands their batch back at once (no attempt spent).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from mailbag.store import hooks as store
 from mailbag.store.database import within
 from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase
+from mailbag.worker.failures import DB_ERRORS
 
 T = TypeVar("T")
 USER_AGENT = "mailbag-hooks"
@@ -124,7 +125,11 @@ class HookDeliverer:
             )
             if not claim.deliveries:
                 break
-            results = await asyncio.gather(*(self.attempt(c) for c in claim.deliveries))
+            try:
+                results = await asyncio.gather(*(self.attempt(c) for c in claim.deliveries))
+            except asyncio.CancelledError:  # the worker stops: hand the batch back now
+                await asyncio.shield(self._release(claim))
+                raise
             done = await self._run(
                 store.finalize(
                     token=claim.token,
@@ -139,6 +144,22 @@ class HookDeliverer:
             if len(claim.deliveries) < self.config.batch_size:
                 break
         return dict(counts)
+
+    async def _release(self, claim: store.HookClaim) -> None:
+        """Give a batch back unrecorded (no attempt spent), so the next worker need not
+        wait for its lease: a POST cut short may still have arrived (same webhook-id)."""
+        released = [store.Attempted(c.delivery.id, DAction.RELEASE) for c in claim.deliveries]
+        try:
+            await self._run(
+                store.finalize(
+                    token=claim.token,
+                    results=released,
+                    now=self.clock(),
+                    actor=self.config.worker_id,
+                )
+            )
+        except DB_ERRORS as exc:  # the lease runs out instead, and the sweep retries them
+            self.log.warning("hook_release_failed", error=describe(exc))
 
     async def attempt(self, claimed: store.ClaimedDelivery) -> store.Attempted:
         """POST one delivery; what became of it (no database here)."""
