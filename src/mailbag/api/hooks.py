@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mailbag import log
 from mailbag.api.admin import admin
@@ -34,10 +34,7 @@ from mailbag.api.schemas import Strict
 from mailbag.domain.hooks import (
     DESCRIPTION_MAX,
     URL_MAX,
-    DeliveryEvent,
     DState,
-    HookDelivery,
-    HookEndpoint,
     HookEvent,
     InvalidHook,
     parse_events,
@@ -203,20 +200,15 @@ class EndpointOut(BaseModel):
     created_at: datetime
     updated_at: datetime
 
-    model_config = ConfigDict(json_schema_extra={"examples": [EXAMPLE_ENDPOINT]})
+    # Read from the service's HookEndpoint by attribute: each field is named once.
+    model_config = ConfigDict(
+        from_attributes=True, json_schema_extra={"examples": [EXAMPLE_ENDPOINT]}
+    )
 
+    @field_validator("events", mode="before")
     @classmethod
-    def of(cls, e: HookEndpoint) -> EndpointOut:
-        return cls(
-            id=e.id,
-            tenant_id=e.tenant_id,
-            url=e.url,
-            events=sorted(e.events),
-            enabled=e.enabled,
-            description=e.description,
-            created_at=e.created_at,
-            updated_at=e.updated_at,
-        )
+    def _sorted(cls, events: Any) -> Any:
+        return sorted(events) if isinstance(events, (set, frozenset)) else events
 
 
 class EndpointWithSecret(EndpointOut):
@@ -235,7 +227,7 @@ class EndpointWithSecret(EndpointOut):
 
     @classmethod
     def of_new(cls, new: NewSecret) -> EndpointWithSecret:
-        return cls(**EndpointOut.of(new.endpoint).model_dump(), secret=new.secret)
+        return cls(**EndpointOut.model_validate(new.endpoint).model_dump(), secret=new.secret)
 
 
 class Removed(BaseModel):
@@ -287,32 +279,15 @@ class DeliveryOut(BaseModel):
     updated_at: datetime
     delivered_at: datetime | None
 
-    model_config = ConfigDict(json_schema_extra={"examples": [EXAMPLE_DELIVERY]})
+    model_config = ConfigDict(
+        from_attributes=True, json_schema_extra={"examples": [EXAMPLE_DELIVERY]}
+    )
 
-    @classmethod
-    def fields_of(cls, d: HookDelivery) -> dict[str, Any]:
-        return {
-            "id": d.id,
-            "endpoint_id": d.endpoint_id,
-            "tenant_id": d.tenant_id,
-            "url": d.url,
-            "event": d.event,
-            "message_id": d.message_id,
-            "webhook_id": d.webhook_id,
-            "status": d.status,
-            "attempts": d.attempts,
-            "max_attempts": d.max_attempts,
-            "next_attempt_at": d.next_attempt_at if d.status in WAITING else None,
-            "last_status_code": d.last_status_code,
-            "last_error": d.last_error,
-            "created_at": d.created_at,
-            "updated_at": d.updated_at,
-            "delivered_at": d.delivered_at,
-        }
-
-    @classmethod
-    def of(cls, d: HookDelivery) -> DeliveryOut:
-        return cls(**cls.fields_of(d))
+    @model_validator(mode="after")
+    def _no_next_attempt_when_settled(self) -> DeliveryOut:
+        if self.status not in WAITING:  # the stored time is a leftover, not a plan
+            self.next_attempt_at = None
+        return self
 
 
 class HistoryOut(BaseModel):
@@ -326,17 +301,7 @@ class HistoryOut(BaseModel):
     status_code: int | None
     detail: str | None
 
-    @classmethod
-    def of(cls, e: DeliveryEvent) -> HistoryOut:
-        return cls(
-            at=e.at,
-            from_status=e.from_status,
-            to_status=e.to_status,
-            actor=e.actor,
-            attempt=e.attempt,
-            status_code=e.status_code,
-            detail=e.detail,
-        )
+    model_config = ConfigDict(from_attributes=True)
 
 
 class DeliveryDetailOut(DeliveryOut):
@@ -402,12 +367,12 @@ async def create_endpoint(tenant: TenantPath, body: EndpointIn, hooks: HooksDep)
 @router.get("/endpoints", response_model=list[EndpointOut], responses=RESPONSES)
 async def list_endpoints(tenant: TenantPath, hooks: HooksDep) -> Any:
     """A tenant's endpoints, oldest first (never their secrets)."""
-    return [EndpointOut.of(e) for e in await hooks.list_endpoints(tenant)]
+    return [EndpointOut.model_validate(e) for e in await hooks.list_endpoints(tenant)]
 
 
 @router.get("/endpoints/{endpoint_id}", response_model=EndpointOut, responses=RESPONSES)
 async def get_endpoint(tenant: TenantPath, endpoint_id: uuid.UUID, hooks: HooksDep) -> Any:
-    return EndpointOut.of(await hooks.get_endpoint(endpoint_id, tenant))
+    return EndpointOut.model_validate(await hooks.get_endpoint(endpoint_id, tenant))
 
 
 @router.patch("/endpoints/{endpoint_id}", response_model=EndpointOut, responses=RESPONSES)
@@ -423,7 +388,7 @@ async def update_endpoint(
         enabled=body.enabled,
         description=body.description,
     )
-    return EndpointOut.of(changed)
+    return EndpointOut.model_validate(changed)
 
 
 @router.post(
@@ -487,7 +452,7 @@ async def list_deliveries(
     except ValueError as exc:  # the service's word for a cursor it did not give out
         raise ProblemError(400, "invalid-cursor", "Invalid cursor", str(exc)) from None
     return DeliveryPageOut(
-        items=[DeliveryOut.of(d) for d in page.deliveries], next_cursor=page.next_cursor
+        items=[DeliveryOut.model_validate(d) for d in page.deliveries], next_cursor=page.next_cursor
     )
 
 
@@ -497,9 +462,9 @@ async def get_delivery(tenant: TenantPath, delivery_id: uuid.UUID, hooks: HooksD
     error, leases that ran out, replays."""
     found = await hooks.get_delivery(delivery_id, tenant)
     return DeliveryDetailOut(
-        **DeliveryOut.fields_of(found.delivery),
+        **DeliveryOut.model_validate(found.delivery).model_dump(),
         payload=json.loads(found.delivery.payload),
-        history=[HistoryOut.of(e) for e in found.history],
+        history=found.history,
     )
 
 
@@ -514,4 +479,4 @@ async def replay(tenant: TenantPath, delivery_id: uuid.UUID, hooks: HooksDep) ->
     attempt budget. Accepted: a worker POSTs it soon (409 while it is still on its way)."""
     again = await hooks.replay(delivery_id, actor=ACTOR, tenant_id=tenant)
     log.get("mailbag.api").info("hook_delivery_replayed", delivery=str(delivery_id), actor=ACTOR)
-    return DeliveryOut.of(again)
+    return DeliveryOut.model_validate(again)
