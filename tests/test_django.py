@@ -388,6 +388,21 @@ def test_an_html_body_and_a_sender_identity_from_address_arrive_as_given(
     assert text is not None and "Paid" in text.get_content()  # made from the HTML
 
 
+def test_the_default_address_under_another_name_needs_a_sender_identity(alias, outbox):
+    """Only mailbag's own FROM_EMAIL with its FROM_NAME (or none) is left to the worker: a
+    different name cannot be shown without a sender identity, so it is refused, not lost."""
+    from django.core.mail import EmailMessage
+
+    def send(from_email: str) -> int:
+        message = EmailMessage(unique("From"), "x", from_email, ["ann@example.com"])
+        return int(backend(alias).send_messages([message]))
+
+    assert send("shop@example.com") == 1
+    assert send("Shop <shop@example.com>") == 1
+    with pytest.raises(InvalidMessage, match="not a sender identity"):
+        send("Someone Else <shop@example.com>")
+
+
 def test_the_idempotency_key_header_enqueues_a_message_once(alias, outbox):
     from django.core.mail import EmailMessage
 
@@ -470,10 +485,17 @@ def test_fail_silently_skips_an_invalid_message_and_enqueues_the_others(alias, o
     ("change", "field"),
     [
         (lambda m: m.attach_alternative("BEGIN:VCALENDAR", "text/calendar"), "alternatives"),
+        (
+            lambda m: (
+                m.attach_alternative("<p>2</p>", "text/html")
+                or m.attach_alternative("<p>3</p>", "text/html")
+            ),
+            "alternatives",
+        ),
         (lambda m: m.extra_headers.update({"To": "someone@example.com"}), "headers"),
         (lambda m: m.extra_headers.update({"Message-ID": "<x@example.com>"}), "headers"),
     ],
-    ids=["calendar-alternative", "to-header", "message-id-header"],
+    ids=["calendar-alternative", "two-html-bodies", "to-header", "message-id-header"],
 )
 def test_what_mailbag_cannot_carry_is_refused_not_dropped(alias, outbox, change, field):
     from django.core.mail import EmailMultiAlternatives

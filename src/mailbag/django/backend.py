@@ -40,6 +40,7 @@ from mailbag import log, wakeup
 from mailbag.django import conf
 from mailbag.django.connection import on_django_connection
 from mailbag.django.convert import message_fields
+from mailbag.domain.content import Address
 from mailbag.domain.message import InvalidMessage, NewMessage, new_message
 from mailbag.domain.states import Status
 from mailbag.services.outbox import enqueue_many
@@ -120,10 +121,11 @@ class EmailBackend(BaseEmailBackend):  # type: ignore[misc]  # Django ships no t
 
     def _validated(self, email_messages: Sequence[Any]) -> list[NewMessage]:
         config = self.settings
+        default_from = Address(config.from_email, config.from_name)
         built = []
         for message in email_messages:
             try:
-                fields = message_fields(message, tenant=self.tenant, default_from=config.from_email)
+                fields = message_fields(message, tenant=self.tenant, default_from=default_from)
                 built.append(
                     new_message(**fields, address_rules=config.address_rules, limits=config.limits)
                 )

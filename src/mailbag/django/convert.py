@@ -2,9 +2,10 @@
 and a clear InvalidMessage for what mailbag cannot carry (nothing is dropped silently).
 
 - to, cc, bcc, reply_to: each item one mailbox, "Name <addr>" or "addr";
-- from_email -> from_address and from_name, except mailbag's own FROM_EMAIL (which defaults
-  to DEFAULT_FROM_EMAIL): that one is left to the worker, so it needs no sender identity.
-  Any other From must be a sender identity of the tenant (`mailbag tenants senders add`);
+- from_email -> from_address and from_name, except mailbag's own FROM_EMAIL (with no name
+  or FROM_NAME; both default to DEFAULT_FROM_EMAIL's): that one is left to the worker, so
+  it needs no sender identity. Any other From (the same address under another name too)
+  must be a sender identity of the tenant (`mailbag tenants senders add`);
 - subject; body -> text, or html when `content_subtype` is "html";
 - alternatives: one text/html (-> html), or a text/plain beside an HTML body (-> text);
   other types (text/calendar, AMP) are refused;
@@ -42,9 +43,10 @@ _REFUSED_HEADERS = {
 }
 
 
-def message_fields(message: Any, *, tenant: str, default_from: str) -> dict[str, Any]:
+def message_fields(message: Any, *, tenant: str, default_from: Address) -> dict[str, Any]:
     """`new_message` keyword arguments for one Django EmailMessage (InvalidMessage when
-    something in it cannot be carried). `default_from` is mailbag's FROM_EMAIL."""
+    something in it cannot be carried). `default_from` is mailbag's FROM_EMAIL and
+    FROM_NAME."""
     errors: dict[str, str] = {}
     headers: dict[str, str] = {}
     idempotency_key = None
@@ -105,13 +107,16 @@ def _mailboxes(
     return found
 
 
-def _sender(from_email: Any, default_from: str, errors: dict[str, str]) -> dict[str, Any]:
+def _sender(from_email: Any, default: Address, errors: dict[str, str]) -> dict[str, Any]:
     if not from_email:
         return {}
     found = _mailboxes("from", [from_email], errors)
-    if not found or found[0].address.lower() == default_from.lower():
-        return {}  # the deployment's own FROM_EMAIL (and FROM_NAME), filled in by the worker
-    return {"from_address": found[0].address, "from_name": found[0].name}
+    if not found:
+        return {}
+    sender = found[0]
+    if sender.address.lower() == default.address.lower() and sender.name in (None, default.name):
+        return {}  # the deployment's own FROM_EMAIL and FROM_NAME, filled in by the worker
+    return {"from_address": sender.address, "from_name": sender.name}
 
 
 def _bodies(message: Any, errors: dict[str, str]) -> dict[str, str | None]:
@@ -125,9 +130,13 @@ def _bodies(message: Any, errors: dict[str, str]) -> dict[str, str | None]:
         elif mimetype == "text/plain" and not text:
             text = value
         else:
+            what = (
+                f"a second {mimetype} body"
+                if mimetype in ("text/html", "text/plain")
+                else f"a {mimetype} alternative"
+            )
             errors["alternatives"] = (
-                f"a {mimetype} alternative is not supported: mailbag sends one text/plain "
-                "and one text/html body"
+                f"{what} is not supported: mailbag sends one text/plain and one text/html body"
             )
     if html is not None and not text:
         text = None  # generated from the HTML by mailbag
