@@ -32,6 +32,7 @@ from mailbag.api.deps import ServicesDep
 from mailbag.api.problems import COMMON, ProblemError, documented, not_found
 from mailbag.api.schemas import Strict
 from mailbag.domain.hooks import (
+    CLAIMABLE_DELIVERIES,
     DESCRIPTION_MAX,
     URL_MAX,
     DState,
@@ -46,7 +47,6 @@ from mailbag.services.tenants import _tenant_id
 from mailbag.store.session import AsyncDatabase
 
 ACTOR = "operator:api"  # the actor of the history row a replay writes
-WAITING = frozenset({DState.PENDING, DState.RETRYING})  # states with a next attempt
 
 
 def hooks_off(detail: str | None = None) -> ProblemError:
@@ -285,7 +285,7 @@ class DeliveryOut(BaseModel):
 
     @model_validator(mode="after")
     def _no_next_attempt_when_settled(self) -> DeliveryOut:
-        if self.status not in WAITING:  # the stored time is a leftover, not a plan
+        if self.status not in CLAIMABLE_DELIVERIES:  # the stored time is a leftover, not a plan
             self.next_attempt_at = None
         return self
 

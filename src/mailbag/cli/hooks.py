@@ -165,7 +165,9 @@ def remove(endpoint: ENDPOINT) -> None:
 
 
 def _delivery_line(d: HookDelivery) -> str:
-    waiting = d.status in ("pending", "retrying")
+    from mailbag.domain.hooks import CLAIMABLE_DELIVERIES  # the states with a next attempt
+
+    waiting = d.status in CLAIMABLE_DELIVERIES
     next_at = d.next_attempt_at.isoformat(timespec="seconds") if waiting else "-"
     code = str(d.last_status_code) if d.last_status_code is not None else "-"
     return "\t".join(

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from mailbag.console.actions import confirm
 from mailbag.console.context import ACTOR, Console, ConsoleError
 from mailbag.console.forms import parse_id
-from mailbag.domain.hooks import REPLAYABLE, DState, HookDelivery, HookEvent
+from mailbag.domain.hooks import CLAIMABLE_DELIVERIES, REPLAYABLE, DState, HookDelivery, HookEvent
 from mailbag.domain.message import TENANT_ID_MAX
 from mailbag.services.hooks import (
     DeliveryFilter,
@@ -25,7 +25,8 @@ from mailbag.services.hooks import (
 )
 
 PAGE_SIZE = 50
-WAITING = frozenset({DState.PENDING, DState.RETRYING})  # states with a next attempt
+# The states with a next attempt: those a worker claims from.
+WAITING = CLAIMABLE_DELIVERIES
 FILTERS = ("status", "tenant", "event")
 
 
