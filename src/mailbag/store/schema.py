@@ -143,31 +143,32 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         Index(None, "provider_message_id"),
         Index(None, "to_address"),
     )
+    _queue_indexes(table, dialect, "claim_order_at", CLAIMABLE_SQL, PROCESSING_SQL)
+    return table
+
+
+def _queue_indexes(
+    table: Table, dialect: str | None, order_at: str, claimable: str, processing: str
+) -> None:
+    """The two indexes of a table that workers claim from under a lease: the due rows in
+    claim order (`order_at`, id), and the leased ones by expiry (the sweep).
+
+    MariaDB has no partial indexes: it indexes a generated column that is NULL unless the
+    row is claimable, so the claim reads due rows in order and never touches the (many)
+    finished ones."""
     if _is_mysql(dialect):
-        # No partial indexes: index a column that is NULL unless the row is claimable, so the
-        # claim reads due rows in order and never touches the (many) finished ones.
         table.append_column(
             Column(
                 "claimable_at",
                 UTCDateTime,
-                Computed(f"CASE WHEN {CLAIMABLE_SQL} THEN claim_order_at END", persisted=True),
+                Computed(f"CASE WHEN {claimable} THEN {order_at} END", persisted=True),
             )
         )
         Index(None, table.c.claimable_at, table.c.id)
         Index(None, table.c.status, table.c.lease_expires_at)
     else:
-        Index(
-            "ix_outbox_messages_claimable",
-            table.c.claim_order_at,
-            table.c.id,
-            **_where(CLAIMABLE_SQL),
-        )
-        Index(
-            "ix_outbox_messages_leased",
-            table.c.lease_expires_at,
-            **_where(PROCESSING_SQL),
-        )
-    return table
+        Index(f"ix_{table.name}_claimable", table.c[order_at], table.c.id, **_where(claimable))
+        Index(f"ix_{table.name}_leased", table.c.lease_expires_at, **_where(processing))
 
 
 def _message_events(md: MetaData) -> Table:
@@ -461,26 +462,7 @@ def _hook_deliveries(md: MetaData, dialect: str | None) -> Table:
         Index(None, "message_id"),
         Index(None, "webhook_id"),
     )
-    if _is_mysql(dialect):
-        table.append_column(
-            Column(
-                "claimable_at",
-                UTCDateTime,
-                Computed(
-                    f"CASE WHEN {HOOK_CLAIMABLE_SQL} THEN next_attempt_at END", persisted=True
-                ),
-            )
-        )
-        Index(None, table.c.claimable_at, table.c.id)
-        Index(None, table.c.status, table.c.lease_expires_at)
-    else:
-        Index(
-            "ix_hook_deliveries_claimable",
-            table.c.next_attempt_at,
-            table.c.id,
-            **_where(HOOK_CLAIMABLE_SQL),
-        )
-        Index("ix_hook_deliveries_leased", table.c.lease_expires_at, **_where(HOOK_PROCESSING_SQL))
+    _queue_indexes(table, dialect, "next_attempt_at", HOOK_CLAIMABLE_SQL, HOOK_PROCESSING_SQL)
     return table
 
 
