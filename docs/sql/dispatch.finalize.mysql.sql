@@ -12,7 +12,7 @@ WHERE outbox_messages.status IN ('processing') AND outbox_messages.id IN (:id_1_
 UPDATE outbox_messages SET status='sent', attempt_count=(outbox_messages.attempt_count + :attempt_count_1), updated_at=:updated_at, claim_token=:claim_token, claimed_by=:claimed_by, claimed_at=:claimed_at, lease_expires_at=:lease_expires_at, provider=:provider, provider_message_id=CASE outbox_messages.id WHEN :param_1 THEN :param_2 ELSE outbox_messages.provider_message_id END, last_error=:last_error, sent_at=:sent_at, ambiguous_since=:ambiguous_since WHERE outbox_messages.id IN (:id_1_1);
 
 -- step 3
-SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.template_name, outbox_messages.metadata, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.claimed_by, outbox_messages.to_address
+SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.template_name, outbox_messages.metadata, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.claimed_by, outbox_messages.to_address, outbox_messages.provider
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1_1);
 
@@ -49,7 +49,7 @@ WHERE outbox_messages.status IN ('processing') AND outbox_messages.id IN (:id_1_
 UPDATE outbox_messages SET status='retrying', attempt_count=(outbox_messages.attempt_count + :attempt_count_1), next_attempt_at=:next_attempt_at, updated_at=:updated_at, claim_token=:claim_token, claimed_by=:claimed_by, claimed_at=:claimed_at, lease_expires_at=:lease_expires_at, provider=:provider, last_error=:last_error, ambiguous_since=:ambiguous_since, claim_order_at=CASE outbox_messages.priority WHEN :param_1 THEN :param_2 WHEN :param_3 THEN :param_4 ELSE :param_5 END WHERE outbox_messages.id IN (:id_1_1);
 
 -- step 12
-SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.template_name, outbox_messages.metadata, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.claimed_by, outbox_messages.to_address
+SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.template_name, outbox_messages.metadata, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.claimed_by, outbox_messages.to_address, outbox_messages.provider
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1_1);
 

@@ -73,7 +73,9 @@ class Settled:
     provider_message_id: str | None
     last_error: str | None
     claimed_by: str | None
-    to_address: str | None = None  # for event hooks' payloads
+    # For event hooks' payloads:
+    to_address: str | None = None
+    provider: str | None = None
 
 
 SETTLED_COLUMNS = tuple(Settled.__dataclass_fields__)
@@ -200,7 +202,7 @@ def message_facts(message: Message | Settled) -> MessageFacts:
         to=message.to_address,
         template=message.template_name,
         subject=getattr(message, "subject", None),
-        provider=getattr(message, "provider", None),
+        provider=message.provider,
         provider_message_id=message.provider_message_id,
         error=message.last_error,
         metadata=message.metadata,
