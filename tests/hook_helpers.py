@@ -16,6 +16,7 @@ from mailbag.store.plan import run
 from helpers import claim, enqueue, finalize
 
 HOOKS_KEY = "hooks-key-for-tests-0123456789abcdef"
+MAX_ATTEMPTS = 8
 WORKED_AT = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
 
 
@@ -28,7 +29,14 @@ def sent_and_failed(db: Any, tenant: str, n_sent: int, n_failed: int = 0) -> lis
         (m.id, Decision(Action.MARK_SENT if i < n_sent else Action.FAIL, error=None))
         for i, m in enumerate(messages)
     ]
-    finalize(db, batch.token, *outcomes, now=WORKED_AT)
+    # The fan-out switch is the process's: an app built earlier without HOOKS_KEY may have
+    # turned it off. These messages stand for a worker that has hooks on.
+    was = (hook_store.FANOUT.enabled, hook_store.FANOUT.max_attempts)
+    hook_store.configure(enabled=True, max_attempts=MAX_ATTEMPTS)
+    try:
+        finalize(db, batch.token, *outcomes, now=WORKED_AT)
+    finally:
+        hook_store.configure(enabled=was[0], max_attempts=was[1])
     return messages
 
 
