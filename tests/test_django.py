@@ -388,6 +388,33 @@ def test_an_html_body_and_a_sender_identity_from_address_arrive_as_given(
     assert text is not None and "Paid" in text.get_content()  # made from the HTML
 
 
+def test_enqueue_sends_a_mailbag_template_written_in_the_callers_transaction(
+    alias, outbox, worker, smtp
+):
+    from django.db import transaction
+
+    from mailbag.django import enqueue
+
+    from django_project.shop.models import Order
+
+    name = unique("Ann")
+    with transaction.atomic(using=alias):
+        Order.objects.using(alias).create(email="ann@example.com", reference=name)
+        result = enqueue(
+            to="ann@example.com",
+            template="welcome",
+            data={"name": name, "product": "the shop"},
+            priority="high",
+            using=alias,
+        )
+        assert result.created
+        assert count(outbox, id=result.message.id) == 0
+    email = parsed(arrived(smtp, f"Welcome to the shop, {name}"))
+    assert email["To"].addresses[0].addr_spec == "ann@example.com"
+    with pytest.raises(InvalidMessage, match="unknown template"):
+        enqueue(to="ann@example.com", template="no-such-template", using=alias)
+
+
 def test_the_default_address_under_another_name_needs_a_sender_identity(alias, outbox):
     """Only mailbag's own FROM_EMAIL with its FROM_NAME (or none) is left to the worker: a
     different name cannot be shown without a sender identity, so it is refused, not lost."""

@@ -19,7 +19,7 @@ Rules:
   or already there under the same Idempotency-Key; a message written as failed at once
   (every To on the suppression list) does not count;
 - idle workers in this process are woken when Django commits (`transaction.on_commit`);
-  PostgreSQL's NOTIFY, sent from the same transaction, wakes the others.
+  PostgreSQL's NOTIFY, sent from the same transaction, wakes the others (outbox.write).
 
 Options (EMAIL_BACKEND takes them from settings.MAILBAG; Django 6.1's MAILERS passes its
 OPTIONS as keyword arguments, which win): `tenant`, `database` (a DATABASES alias),
@@ -34,21 +34,17 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.mail.backends.base import BaseEmailBackend
-from django.db import transaction
 
-from mailbag import log, wakeup
+from mailbag import log
 from mailbag.django import conf
-from mailbag.django.connection import on_django_connection
 from mailbag.django.convert import message_fields
+from mailbag.django.outbox import write
 from mailbag.domain.content import Address
 from mailbag.domain.message import InvalidMessage, NewMessage, new_message
 from mailbag.domain.states import Status
-from mailbag.services.outbox import enqueue_many
 
 if TYPE_CHECKING:
     from mailbag.settings import Settings
-
-ACTOR = "django"  # the actor of the outbox events this backend's enqueues write
 
 
 class EmailBackend(BaseEmailBackend):  # type: ignore[misc]  # Django ships no types
@@ -97,19 +93,9 @@ class EmailBackend(BaseEmailBackend):  # type: ignore[misc]  # Django ships no t
         if not built:
             return 0
         try:
-            with (
-                transaction.atomic(using=self.database),
-                on_django_connection(self.database) as conn,
-            ):
-                results = enqueue_many(
-                    conn,
-                    built,
-                    max_attempts=self.max_attempts or self.settings.max_attempts,
-                    actor=ACTOR,
-                )
-                if any(result.created for result in results):
-                    # Not wakeup.notify_after_commit: SQLAlchemy never sees this commit.
-                    transaction.on_commit(wakeup.notify, using=self.database)
+            results = write(
+                self.database, built, max_attempts=self.max_attempts or self.settings.max_attempts
+            )
         except Exception as exc:
             if not self.fail_silently:
                 raise
