@@ -147,6 +147,8 @@ def engine_for(alias: str) -> Engine:
 @contextmanager
 def on_django_connection(alias: str) -> Iterator[Connection]:
     """A SQLAlchemy Connection on Django's connection for `alias`. It runs statements in the
-    transaction Django has open, and ends nothing: commit or roll back with Django."""
+    transaction Django has open, and ends nothing: commit or roll back with Django. Use it
+    inside `transaction.atomic(using=alias)`: in Django's autocommit mode each statement
+    would commit on its own."""
     with engine_for(alias).connect() as conn:
         yield conn
