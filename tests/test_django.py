@@ -114,8 +114,9 @@ def smtp() -> Iterator[RecordingSMTPServer]:
 
 @pytest.fixture(scope="session")
 def _workers(
-    django_env: dict[str, str], smtp: RecordingSMTPServer, tmp_path_factory: pytest.TempPathFactory
+    django_env: dict[str, str], smtp: RecordingSMTPServer
 ) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """The running workers by alias; stopped before the SMTP server and the databases go."""
     running: dict[str, subprocess.Popen[bytes]] = {}
     yield running
     for process in running.values():
@@ -136,13 +137,14 @@ def worker(
     """`manage.py mailbag_worker --database <alias>` running (one per database), sending to
     the test server: its port comes from the environment, the rest from settings.MAILBAG."""
     if alias not in _workers:
-        log = tmp_path_factory.mktemp("worker") / f"{alias}.log"
-        _workers[alias] = subprocess.Popen(
-            [sys.executable, str(MANAGE), "mailbag_worker", "--database", alias],
-            env={**os.environ, **django_env, "MAILBAG_SMTP_PORT": str(smtp.port)},
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-        )
+        log = tmp_path_factory.mktemp("worker") / f"{alias}.log"  # to read when one fails
+        with log.open("wb") as output:
+            _workers[alias] = subprocess.Popen(
+                [sys.executable, str(MANAGE), "mailbag_worker", "--database", alias],
+                env={**os.environ, **django_env, "MAILBAG_SMTP_PORT": str(smtp.port)},
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
     process = _workers[alias]
     assert process.poll() is None, "the worker stopped"
     return process
@@ -150,7 +152,7 @@ def worker(
 
 @pytest.fixture
 def outbox(alias: str) -> Iterator[Engine]:
-    """Another connection to the same database (mailbag's own engine, read-only)."""
+    """Another connection to the same database: mailbag's own engine, not Django's."""
     from mailbag.django.conf import database_url
 
     engine = make_engine(database_url(alias), null_pool=True)
