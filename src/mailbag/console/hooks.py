@@ -98,13 +98,14 @@ async def _load(c: Console) -> tuple[Hooks, Any]:
     hooks = _hooks(c)
     if hooks is None:
         raise ConsoleError(404, "Event hooks are off", "Set MAILBAG_HOOKS_KEY to turn them on.")
+    missing = ConsoleError(404, "Not found", "There is no hook delivery with this id.")
     delivery_id = parse_id(c.request.path_params["delivery_id"])
+    if delivery_id is None:
+        raise missing
     try:
-        if delivery_id is None:
-            raise UnknownDelivery(c.request.path_params["delivery_id"])
         return hooks, await hooks.get_delivery(delivery_id)
     except UnknownDelivery:
-        raise ConsoleError(404, "Not found", "There is no hook delivery with this id.") from None
+        raise missing from None
 
 
 def _pretty(payload: str) -> str:
