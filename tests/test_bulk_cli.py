@@ -234,3 +234,22 @@ def test_a_byte_order_mark_and_other_tenants_and_dry_runs(cli, db, tmp_path):
     assert done.exit_code == 0, done.output
     (row,) = messages(db)
     assert (row.tenant_id, row.priority, row.to_address) == ("acme", -1, "ada@example.com")
+
+
+def test_a_progress_bar_on_a_terminal_and_none_otherwise(cli, db, tmp_path, monkeypatch):
+    path = csv_file(tmp_path, "to,name\n" + "".join(f"u{i}@example.com,U{i}\n" for i in range(3)))
+    quiet = cli(path, "--template", "welcome")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich draws as on a terminal
+    again = cli(path, "--template", "welcome")
+    assert again.exit_code == 0
+    assert "checking" in again.stderr and "writing" in again.stderr and "3/3" in again.stderr
+    assert "0 created, 3 already there" in again.stdout  # the summary stays on stdout
+
+
+def test_an_unmigrated_database_is_refused_before_any_row_is_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAILBAG_DATABASE_URL", f"sqlite:///{tmp_path / 'new.db'}")
+    path = csv_file(tmp_path, "to,name\nada@example.com,Ada\n")
+    done = runner.invoke(app, ["send-bulk", path, "--template", "welcome"])
+    assert done.exit_code == 1
+    assert "mailbag migrate" in done.stderr

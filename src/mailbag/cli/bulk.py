@@ -17,7 +17,7 @@ import typer
 from mailbag.cli.invocation import database, fail, settings
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from rich.progress import Progress
 
@@ -110,6 +110,7 @@ def send_bulk(
         fail(str(exc))
     if template not in catalog.names():
         fail(f"unknown template {template!r}; known: {', '.join(sorted(catalog.names()))}")
+    engine = database()  # the schema checked before any row is
     raw = read(file)
     started = time.perf_counter()
     # The file's identity for the default keys: its content (not its name or place), and
@@ -135,7 +136,7 @@ def send_bulk(
         tenant=tenant,
         priority=priority,
         catalog=catalog,
-        key=(lambda row, line: key_prefix + row[key_column])
+        key=(lambda row, line: key_prefix + row[key_column].strip())
         if key_column
         else (lambda row, line: f"bulk-{digest}-{line}"),
         key_column=key_column,
@@ -153,10 +154,9 @@ def send_bulk(
             if n % 1000 == 0:
                 progress.update(checking, completed=n)
         progress.update(checking, completed=len(body))
-        engine = database()
         good, refused = check_senders(engine, good)
         bad = sorted(bad + refused)
-        report_bad(bad, len(body))
+        report_bad(bad)
         if rejects is not None and bad:
             write_rejects(rejects, header, [record for _, _, record in bad], delimiter)
         if dry_run or (bad and all_or_nothing) or not good:
@@ -228,7 +228,7 @@ class RowChecker:
         tenant: str,
         priority: str,
         catalog: Catalog,
-        key: Any,
+        key: Callable[[dict[str, str], int], str],
         key_column: str | None,
     ) -> None:
         self.columns, self.template, self.tenant = columns, template, tenant
@@ -294,7 +294,7 @@ def check_senders(
     return kept, [(good[i][0], str(exc), good[i][2]) for i, exc in refused.items()]
 
 
-def report_bad(bad: list[tuple[int, str, list[str]]], total: int) -> None:
+def report_bad(bad: list[tuple[int, str, list[str]]]) -> None:
     for line, problem, _ in bad[:SHOWN_BAD_ROWS]:
         typer.echo(f"line {line}: {problem}", err=True)
     if len(bad) > SHOWN_BAD_ROWS:
