@@ -732,3 +732,24 @@ async def test_a_stopping_deliverer_hands_its_batch_back_without_spending_an_att
     rows = deliveries(db)
     assert {(r.status, r.attempts, r.claim_token) for r in rows} == {("pending", 0, None)}
     assert history(db, rows[0].id)[-1] == ("processing", "pending", 1)
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+async def test_the_worker_runs_the_deliverer_and_fans_out_only_with_hooks_key(db, tmp_path):
+    from mailbag import runtime
+
+    for key, expected_jobs in (("", ["reconciled"]), (HOOKS_KEY, ["reconciled", "hooks"])):
+        settings = settings_for(
+            db, hooks_key=key, hook_max_attempts=4, provider="file", file_dir=tmp_path
+        )
+        engine = runtime.worker_engine(settings)
+        try:
+            worker = runtime.build_worker(settings, engine)
+            assert [job.name for job in worker.jobs] == expected_jobs
+            assert (store.FANOUT.enabled, store.FANOUT.max_attempts) == (bool(key), 4)
+            for job in worker.jobs:
+                if job.close is not None:
+                    await job.close()
+            await worker.provider.aclose()
+        finally:
+            await engine.dispose()
