@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.db import migrations, models
 
 
-class Migration(migrations.Migration):  # type: ignore[misc]  # Django ships no types
+class Migration(migrations.Migration):
     initial = True
     dependencies: list[tuple[str, str]] = []
     operations = [
