@@ -181,6 +181,14 @@ async def test_a_thousand_items_are_one_batch(db):
         b'{"messages": [{"to": "a@example.com", "idempotency_key": "\\u00e9"}]}',
         b'{"messages": ' + b"[1," * 2000 + b"1" + b"]" * 2000 + b"}",
         b"\xff\xfe",
+        b'{"messages": [{"to": "a@example.com", "template": "welcome", "data": {"name": '
+        + b"9" * 5000
+        + b"}}]}",
+        b'{"messages": [{"to": "a@example.com", "template": "welcome", '
+        b'"data": {"name": "A", "x": 1e400}}]}',
+        b'{"messages": [{"to": "a@example.com", "template": "welcome", "data": {"name": "A"}, '
+        b'"send_at": "2026-01-01T00:00:00"}]}',
+        b'{"messages": [{"to": ' + json.dumps(["a@example.com"] * 60).encode() + b"}]}",
     ],
     ids=[
         "not-json",
@@ -194,6 +202,10 @@ async def test_a_thousand_items_are_one_batch(db):
         "non-ascii-key",
         "deep-list",
         "not-utf8",
+        "huge-int",
+        "infinity",
+        "naive-time",
+        "sixty-recipients",
     ],
 )
 async def test_hostile_bodies_get_a_4xx_problem_never_a_500(db, content):
