@@ -318,6 +318,7 @@ def test_alternatives_attachments_inline_images_and_recipients_arrive_intact(ali
     )
     message.attach_alternative('<p>Your invoice.</p><img src="cid:logo@shop.test">', "text/html")
     message.attach("Rechnung März.pdf", pdf, "application/pdf")
+    message.attach("notes.txt", "Grüße aus Köln\n", "text/plain")
     logo = MIMEImage(png, "png")
     logo.add_header("Content-ID", "<logo@shop.test>")
     logo.add_header("Content-Disposition", "inline", filename="logo.png")
@@ -348,9 +349,12 @@ def test_alternatives_attachments_inline_images_and_recipients_arrive_intact(ali
     assert text is not None and text.get_content().strip() == "Your invoice is attached."
     assert html is not None and 'src="cid:logo@shop.test"' in html.get_content()
     files = [p for p in email.iter_attachments() if not p["Content-ID"]]
-    assert [(p.get_filename(), p.get_content_type(), p.get_content()) for p in files] == [
-        ("Rechnung März.pdf", "application/pdf", pdf)
+    assert [(p.get_filename(), p.get_content_type()) for p in files] == [
+        ("Rechnung März.pdf", "application/pdf"),
+        ("notes.txt", "text/plain"),
     ]
+    assert files[0].get_content() == pdf
+    assert files[1].get_payload(decode=True) == "Grüße aus Köln\n".encode()
     (related,) = [p for p in email.walk() if p.get_content_type() == "multipart/related"]
     (inline,) = [p for p in related.iter_parts() if p["Content-ID"]]
     assert str(inline["Content-ID"]).strip("<>") == "logo@shop.test"
