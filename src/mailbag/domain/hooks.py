@@ -36,7 +36,9 @@ from ipaddress import ip_address
 from typing import Any
 from urllib.parse import urlsplit
 
+from mailbag.domain.events import EventKind
 from mailbag.domain.machine import Counted, Machine, Transition
+from mailbag.domain.states import Status
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
 SECRET_BYTES = 32
@@ -74,18 +76,20 @@ class HookEvent(StrEnum):
 ALL_EVENTS: frozenset[HookEvent] = frozenset(HookEvent)
 # Which message state change is which event (a message entering the state; `flag` keeps a
 # message `unknown` and is no event), and which provider event kind is which.
-FOR_STATUS: Mapping[str, HookEvent] = {
-    "sent": HookEvent.SENT,
-    "failed": HookEvent.FAILED,
-    "dead": HookEvent.DEAD,
-    "unknown": HookEvent.UNKNOWN,
+FOR_STATUS: Mapping[Status, HookEvent] = {
+    Status.SENT: HookEvent.SENT,
+    Status.FAILED: HookEvent.FAILED,
+    Status.DEAD: HookEvent.DEAD,
+    Status.UNKNOWN: HookEvent.UNKNOWN,
 }
-FOR_PROVIDER_EVENT: Mapping[str, HookEvent] = {
-    "delivered": HookEvent.DELIVERED,
-    "bounced": HookEvent.BOUNCED,
-    "complained": HookEvent.COMPLAINED,
-    "opened": HookEvent.OPENED,
-    "clicked": HookEvent.CLICKED,
+# Accepted and deferred say nothing a `sent` did not; rejected and unsubscribed are not
+# offered (a rejection of an `unknown` send becomes `message.failed` when reconciled).
+FOR_PROVIDER_EVENT: Mapping[EventKind, HookEvent] = {
+    EventKind.DELIVERED: HookEvent.DELIVERED,
+    EventKind.BOUNCED: HookEvent.BOUNCED,
+    EventKind.COMPLAINED: HookEvent.COMPLAINED,
+    EventKind.OPENED: HookEvent.OPENED,
+    EventKind.CLICKED: HookEvent.CLICKED,
 }
 
 

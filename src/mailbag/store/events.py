@@ -84,7 +84,7 @@ def store(
         "raw": dict(event.raw),
     }
     result = yield Step(insert(pe).values(values))
-    hook_event = FOR_PROVIDER_EVENT.get(event.kind.value)
+    hook_event = FOR_PROVIDER_EVENT.get(event.kind)
     if message is not None and hook_event is not None:
 
         def facts(message: Message) -> MessageFacts:
