@@ -555,6 +555,60 @@ def test_the_worker_database_url_is_the_django_databases(alias, django_env):
         assert url == django_env["MAILBAG_TEST_DJANGO_POSTGRES"]
 
 
+@pytest.mark.parametrize(
+    ("vendor", "params", "expected"),
+    [
+        (
+            "postgresql",
+            {
+                "NAME": "shop",
+                "USER": "app",
+                "PASSWORD": "p@ss word",
+                "HOST": "db.internal",
+                "PORT": "6432",
+                "OPTIONS": {"sslmode": "require", "server_side_binding": True},
+            },
+            ("app", "p@ss word", "db.internal", 6432, "shop", {"sslmode": "require"}),
+        ),
+        (
+            "postgresql",
+            {"NAME": "shop", "HOST": "/var/run/postgresql", "OPTIONS": {"service": "main"}},
+            (None, None, None, None, "shop", {"host": "/var/run/postgresql", "service": "main"}),
+        ),
+        (
+            "sqlite",
+            {"NAME": "/srv/app/db.sqlite3"},
+            (None, None, None, None, "/srv/app/db.sqlite3", {}),
+        ),
+    ],
+    ids=["postgresql-tcp", "postgresql-socket", "sqlite"],
+)
+def test_the_worker_reaches_the_database_django_is_configured_with(
+    django_env, vendor, params, expected
+):
+    from sqlalchemy.engine import make_url
+
+    from mailbag.django.conf import url_of
+
+    url = make_url(url_of("default", vendor, params))
+    assert url.drivername == vendor
+    assert (url.username, url.password, url.host, url.port, url.database, dict(url.query)) == (
+        expected
+    )
+
+
+@pytest.mark.parametrize("name", [":memory:", "file:memdb1?mode=memory&cache=shared", ""])
+def test_an_in_memory_or_unnamed_sqlite_database_is_refused(django_env, name):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from mailbag.django.conf import url_of
+
+    with pytest.raises(ImproperlyConfigured, match="in-memory"):
+        url_of("default", "sqlite", {"NAME": name})
+    with pytest.raises(ImproperlyConfigured, match="mysql"):
+        url_of("default", "mysql", {"NAME": "shop"})
+
+
 def test_an_unknown_mailbag_setting_or_backend_option_is_refused(alias):
     from django.core.exceptions import ImproperlyConfigured
     from django.test import override_settings

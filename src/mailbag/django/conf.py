@@ -5,7 +5,7 @@ worker and the commands use, derived from Django's DATABASES.
         "TENANT": "default",          # the tenant Django's emails are enqueued for
         "DATABASE": "default",        # the DATABASES alias the outbox lives in
         "PROVIDER": "smtp", "SMTP_HOST": "smtp.example.com", "FROM_EMAIL": "shop@example.com",
-        "SECRET_KEY": env("MAILBAG_SECRET_KEY"),
+        "SECRET_KEY": os.environ["MAILBAG_SECRET_KEY"],
     }
 
 Every other key is a mailbag setting (README: Settings), in any case. The keys given here
@@ -91,8 +91,11 @@ def database_url(alias: str) -> str:
     worker, migrations, stats). Read from the live connection's settings, so a test
     database Django's test runner made is the one named."""
     connection = connections[alias]
-    params: dict[str, Any] = connection.settings_dict
-    vendor = connection.vendor
+    return url_of(alias, connection.vendor, connection.settings_dict)
+
+
+def url_of(alias: str, vendor: str, params: dict[str, Any]) -> str:
+    """A mailbag database URL for one of Django's DATABASES entries (`params`)."""
     if vendor == "sqlite":
         name = str(params.get("NAME") or "")
         if not name or name == ":memory:" or "mode=memory" in name:
