@@ -753,3 +753,41 @@ async def test_the_worker_runs_the_deliverer_and_fans_out_only_with_hooks_key(db
             await worker.provider.aclose()
         finally:
             await engine.dispose()
+
+
+def test_every_move_the_store_records_is_one_the_delivery_machine_allows(db):
+    hooks = SyncHooks(db.engine, settings_for(db))
+    hooks.create_endpoint("default", "https://e.com/h", ["sent"])
+    sent(db, 4)
+    at = T0
+    for step in range(4):  # claim, then each delivery ends its own way, again and again
+        claimed = claim_hooks(db, now=at)
+        ways = [
+            store.Attempted(c.delivery.id, action, 500, "boom", at)
+            for c, action in zip(
+                claimed.deliveries,
+                [DAction.RETRY, DAction.BURY, DAction.RELEASE, DAction.DELIVER][step:]
+                + [DAction.RETRY] * step,
+                strict=False,
+            )
+        ]
+        finish(db, claimed.token, *ways[1:], now=at)  # the first one's lease runs out
+        at += timedelta(minutes=2)
+        with db.engine.begin() as conn:
+            run(conn, store.sweep(now=at, actor="sweeper"))
+        for delivery in deliveries(db):
+            if delivery.status in ("delivered", "dead"):
+                hooks.replay(delivery.id, actor="ops")
+    with db.engine.connect() as conn:
+        moves = conn.execute(
+            select(hook_delivery_events.c.from_status, hook_delivery_events.c.to_status)
+        ).all()
+    assert len(moves) > 20
+    for source, target in moves:
+        assert rules.DELIVERIES.can_move(DState(source) if source else None, DState(target)), (
+            source,
+            target,
+        )
+    kinds = {(source, target) for source, target in moves}
+    assert {("processing", "retrying"), ("processing", "dead"), ("processing", "pending")} <= kinds
+    assert {("dead", "pending"), ("delivered", "pending"), ("processing", "delivered")} <= kinds
