@@ -791,3 +791,39 @@ def test_every_move_the_store_records_is_one_the_delivery_machine_allows(db):
     kinds = {(source, target) for source, target in moves}
     assert {("processing", "retrying"), ("processing", "dead"), ("processing", "pending")} <= kinds
     assert {("dead", "pending"), ("delivered", "pending"), ("processing", "delivered")} <= kinds
+
+
+async def test_the_async_service_keeps_each_tenant_to_its_own_endpoints_and_deliveries(
+    db, async_engine
+):
+    from mailbag.services.hooks import Hooks
+
+    hooks = Hooks(async_engine, settings_for(db))
+    mine = await hooks.create_endpoint("default", "https://e.com/h", ["sent"], "mine")
+    with pytest.raises(InvalidHook):
+        await hooks.create_endpoint("default", "http://e.com/h", ["sent"])
+    sent(db, 1)
+    (delivery,) = (await hooks.list_deliveries(DeliveryFilter(tenant_id="default"))).deliveries
+    assert (await hooks.list_deliveries(DeliveryFilter(tenant_id="t_other"))).deliveries == []
+
+    endpoint_id = mine.endpoint.id
+    assert (await hooks.get_endpoint(endpoint_id, "default")).description == "mine"
+    for call in (
+        hooks.get_endpoint(endpoint_id, "t_other"),
+        hooks.update_endpoint(endpoint_id, tenant_id="t_other", enabled=False),
+        hooks.rotate_secret(endpoint_id, "t_other"),
+        hooks.delete_endpoint(endpoint_id, "t_other"),
+    ):
+        with pytest.raises(UnknownEndpoint):
+            await call
+    with pytest.raises(UnknownDelivery):
+        await hooks.get_delivery(delivery.id, "t_other")
+    with pytest.raises(UnknownDelivery):
+        await hooks.replay(delivery.id, actor="ops", tenant_id="t_other")
+    with pytest.raises(NotReplayable):  # pending: on its way already
+        await hooks.replay(delivery.id, actor="ops", tenant_id="default")
+    assert await hooks.list_endpoints("t_other") == []
+    assert [e.id for e in await hooks.list_endpoints()] == [endpoint_id]
+    off = Hooks(async_engine, settings_for(db, hooks_key=None))
+    with pytest.raises(HooksOff):
+        await off.list_endpoints()
