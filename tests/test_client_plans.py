@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from mailbag.api.batch import BatchOut, ItemResult
 from mailbag.api.schemas import MessageCreate, MessageOut, VerificationOut
 from mailbag.client import (
     Address,
@@ -25,6 +26,8 @@ from mailbag.client import (
     Attachment,
     AuthenticationFailed,
     BadRequest,
+    BatchItemResult,
+    BatchResult,
     Client,
     Conflict,
     ConnectionFailed,
@@ -344,7 +347,13 @@ def test_the_clients_models_read_what_the_server_writes():
     # The client keeps its own copy of the wire format; this holds it to the server's.
     assert set(typing.get_args(MessageStatus)) == {s.value for s in Status}
     assert set(typing.get_args(VerificationState)) == {s.value for s in VState}
-    for ours, theirs in ((Message, MessageOut), (Verification, VerificationOut)):
+    pairs = [
+        (Message, MessageOut),
+        (Verification, VerificationOut),
+        (BatchResult, BatchOut),
+        (BatchItemResult, ItemResult),
+    ]
+    for ours, theirs in pairs:
         names = lambda model: {f.alias or n for n, f in model.model_fields.items()}  # noqa: E731
         assert names(theirs) <= names(ours)
     parsed = Message.model_validate(MESSAGE)
