@@ -18,6 +18,8 @@ RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("mailbag.settings", "mailbag.store", ()),
     # Commands call services, never statements: the CLI only makes engines, and migrates.
     ("mailbag.cli", "mailbag.store", ("mailbag.store.database", "mailbag.store.migrate")),
+    # The HTTP client is installed beside applications: it imports nothing of the server.
+    ("mailbag.client", "mailbag", ("mailbag.client",)),
 ]
 
 

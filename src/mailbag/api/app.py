@@ -20,7 +20,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mailbag import console, log, metrics, metrics_server, templates
+from mailbag import console, log, metrics, metrics_server, runtime, templates
 from mailbag.api import admin, batch, docs, hooks, messages, verifications, webhooks
 from mailbag.api.deadline import RETRY_AFTER_SECONDS, DatabaseDeadline, database_unavailable
 from mailbag.api.problems import ProblemError, unauthorized
@@ -45,6 +45,7 @@ DATABASE_DOWN = (OperationalError, PoolTimeout, ConnectionError, OSError, Timeou
 def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> FastAPI:
     settings = settings or Settings()
     log.configure(settings.log_level)
+    runtime.configure_hooks(settings)
     metrics.configure(tenant_labels=settings.metrics_tenant_labels)
 
     @asynccontextmanager

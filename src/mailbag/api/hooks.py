@@ -43,7 +43,7 @@ from mailbag.domain.hooks import (
 from mailbag.domain.message import TENANT_ID_MAX
 from mailbag.services import hooks as hook_service
 from mailbag.services.hooks import DeliveryFilter, Hooks, HooksOff, NewSecret
-from mailbag.services.tenants import _tenant_id
+from mailbag.services.tenants import tenant_id_of
 from mailbag.store.session import AsyncDatabase
 
 ACTOR = "operator:api"  # the actor of the history row a replay writes
@@ -108,7 +108,7 @@ async def tenant_id(
 ) -> str:
     """The id of the tenant the path names (by id or name); UnknownTenant (404) if none."""
     async with AsyncDatabase(svc.engine).connect(read_only=True) as session:
-        return await session.run(_tenant_id(tenant))
+        return await session.run(tenant_id_of(tenant))
 
 
 TenantPath = Annotated[str, Depends(tenant_id)]

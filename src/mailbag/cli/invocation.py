@@ -65,6 +65,7 @@ def prepare(*, upgrade: bool = False, key: bool = False) -> None:
         if key:
             runtime.require_key(settings())
         runtime.ensure_schema(settings(), upgrade=upgrade)
+        runtime.configure_hooks(settings())
         if key:
             runtime.check_key(settings())
     except runtime.CannotStart as exc:

@@ -37,7 +37,7 @@ from mailbag.domain.hooks import (
     parse_events,
 )
 from mailbag.domain.ids import uuid7
-from mailbag.services.tenants import _tenant_id
+from mailbag.services.tenants import tenant_id_of
 from mailbag.settings import Settings
 from mailbag.store import hooks as store
 from mailbag.store.plan import Plan
@@ -131,7 +131,7 @@ class _Plans:
         box = self.box()
         checked_url, chosen = self.url(url), parse_events(events)
         checked_description = check_description(description)
-        tenant_id = (yield from _tenant_id(tenant)) if resolve else tenant
+        tenant_id = (yield from tenant_id_of(tenant)) if resolve else tenant
         now, secret = utcnow(), new_secret()
         endpoint = HookEndpoint(
             id=uuid7(),
@@ -148,7 +148,7 @@ class _Plans:
 
     def listing(self, tenant: str | None, *, resolve: bool) -> Plan[list[HookEndpoint]]:
         self.box()
-        tenant_id = (yield from _tenant_id(tenant)) if resolve and tenant else tenant
+        tenant_id = (yield from tenant_id_of(tenant)) if resolve and tenant else tenant
         return (yield from store.endpoints(tenant_id))
 
     def get(self, endpoint_id: uuid.UUID, tenant_id: str | None) -> Plan[HookEndpoint]:
@@ -205,7 +205,7 @@ class _Plans:
         after = store.decode_cursor(cursor) if cursor else None
         tenant_id = filter.tenant_id
         if resolve and tenant_id is not None:
-            tenant_id = yield from _tenant_id(tenant_id)
+            tenant_id = yield from tenant_id_of(tenant_id)
         query = store.DeliveryQuery(
             tenant_id=tenant_id,
             endpoint_id=filter.endpoint_id,

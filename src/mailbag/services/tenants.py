@@ -100,7 +100,7 @@ def sender_identity(address: str, name: str | None) -> tuple[str, str | None]:
     return address, name
 
 
-def _tenant_id(tenant: str) -> Plan[str]:
+def tenant_id_of(tenant: str) -> Plan[str]:
     """The id of the tenant named by id or name. `default` (the CLI's and the Python
     API's tenant) always exists."""
     if tenant == DEFAULT_TENANT:
@@ -113,17 +113,17 @@ def _tenant_id(tenant: str) -> Plan[str]:
 
 def _add(tenant: str, address: str, name: str | None, now: datetime) -> Plan[tuple[str, bool]]:
     address, name = sender_identity(address, name)
-    tenant_id = yield from _tenant_id(tenant)
+    tenant_id = yield from tenant_id_of(tenant)
     return tenant_id, (yield from sender_store.add(tenant_id, address, name, now))
 
 
 def _remove(tenant: str, address: str) -> Plan[bool]:
-    tenant_id = yield from _tenant_id(tenant)
+    tenant_id = yield from tenant_id_of(tenant)
     return (yield from sender_store.remove(tenant_id, address))
 
 
 def _listing(tenant: str) -> Plan[list[SenderIdentity]]:
-    tenant_id = yield from _tenant_id(tenant)
+    tenant_id = yield from tenant_id_of(tenant)
     return (yield from sender_store.listing(tenant_id))
 
 
