@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine
@@ -259,23 +261,15 @@ async def test_provider_capture_is_registered_for_a_worker_built_from_settings(d
 
 # --- the README's example, run as a user would run it ---------------------------------------
 
-README_EXAMPLE = """\
-import mailbag
-from mailbag.testing import deliver_all, migrate
-from sqlalchemy import create_engine, text
+
+def readme_example() -> str:
+    """The README's example test, as a user copies it."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "deliver_all(" in b]
+    return block
 
 
-def test_signup_sends_a_welcome_email(tmp_path):
-    engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")  # your app's test database
-    migrate(engine)                                              # mailbag's tables, once
-    with engine.begin() as conn:                                 # your transaction
-        conn.execute(text("CREATE TABLE users (email TEXT)"))
-        conn.execute(text("INSERT INTO users VALUES ('ada@example.org')"))
-        mailbag.enqueue(conn, to="ada@example.org", template="welcome", data={"name": "Ada"})
-    (email,) = deliver_all(engine)           # the worker, until nothing is due
-    assert email.to == ["ada@example.org"]
-    assert email.subject == "Welcome to mailbag, Ada"
-"""
+README_EXAMPLE = readme_example()
 
 README_FIXTURE_EXAMPLE = """\
 from mailbag.testing import mailbag_outbox  # noqa: F401 (a pytest fixture)
