@@ -16,23 +16,28 @@ WHERE suppressions.tenant_id IN (:tenant_id_1_1::VARCHAR) AND suppressions.email
 INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, from_address, subject, template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority, claim_order_at, attachment_count) VALUES (:id::UUID, :tenant_id::VARCHAR, :idempotency_key::VARCHAR, :to_address::VARCHAR, :to_name::VARCHAR, :from_address::VARCHAR, :subject::VARCHAR, :template_name::VARCHAR, :template_data::JSONB, :headers::JSONB, :tags::JSONB, :metadata::JSONB, :status::VARCHAR, :attempt_count::INTEGER, :max_attempts::INTEGER, :next_attempt_at::TIMESTAMP WITH TIME ZONE, :created_at::TIMESTAMP WITH TIME ZONE, :updated_at::TIMESTAMP WITH TIME ZONE, :claim_token::UUID, :claimed_by::VARCHAR, :claimed_at::TIMESTAMP WITH TIME ZONE, :lease_expires_at::TIMESTAMP WITH TIME ZONE, :provider::VARCHAR, :provider_message_id::VARCHAR, :last_error::VARCHAR, :sent_at::TIMESTAMP WITH TIME ZONE, :ambiguous_since::TIMESTAMP WITH TIME ZONE, :carried::JSONB, :expires_at::TIMESTAMP WITH TIME ZONE, :priority::SMALLINT, :claim_order_at::TIMESTAMP WITH TIME ZONE, :attachment_count::SMALLINT) ON CONFLICT (tenant_id, idempotency_key) DO NOTHING;  -- once per row (executemany)
 
 -- step 4
+SELECT outbox_messages.id
+FROM outbox_messages
+WHERE outbox_messages.id = ANY (:new_ids::UUID[]);
+
+-- step 5
 SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotency_key, outbox_messages.to_address, outbox_messages.to_name, outbox_messages.from_address, outbox_messages.subject, outbox_messages.template_name, outbox_messages.template_data, outbox_messages.headers, outbox_messages.tags, outbox_messages.metadata, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.max_attempts, outbox_messages.next_attempt_at, outbox_messages.created_at, outbox_messages.updated_at, outbox_messages.claim_token, outbox_messages.claimed_by, outbox_messages.claimed_at, outbox_messages.lease_expires_at, outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried, outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at, outbox_messages.attachment_count
 FROM outbox_messages
 WHERE outbox_messages.tenant_id = :tenant_id_1::VARCHAR AND outbox_messages.idempotency_key IN (:idempotency_key_1_1::VARCHAR);
 
--- step 5
+-- step 6
 SELECT attachments.sha256
 FROM attachments
 WHERE attachments.sha256 IN (:sha256_1_1::VARCHAR) FOR KEY SHARE;
 
--- step 6
+-- step 7
 INSERT INTO attachments (sha256, size, content, created_at) VALUES (:sha256::VARCHAR, :size::BIGINT, :content, :created_at::TIMESTAMP WITH TIME ZONE) ON CONFLICT (sha256) DO NOTHING;  -- once per row (executemany)
 
--- step 7
+-- step 8
 INSERT INTO message_attachments (message_id, position, sha256, filename, content_type, content_id) VALUES (:message_id::UUID, :position::INTEGER, :sha256::VARCHAR, :filename::VARCHAR, :content_type::VARCHAR, :content_id::VARCHAR);  -- once per row (executemany)
 
--- step 8
+-- step 9
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt, provider_message_id, detail) VALUES (:message_id::UUID, :from_status::VARCHAR, :to_status::VARCHAR, :at::TIMESTAMP WITH TIME ZONE, :actor::VARCHAR, :attempt::INTEGER, :provider_message_id::VARCHAR, :detail::VARCHAR);  -- once per row (executemany)
 
--- step 9
+-- step 10
 SELECT pg_notify(:pg_notify_2::VARCHAR, :pg_notify_3::VARCHAR) AS pg_notify_1;

@@ -214,9 +214,10 @@ OPERATIONS: list[Operation] = [
     Operation(
         enqueue.enqueue,
         {"messages": [_NEW_MESSAGE], "now": NOW, "default_max_attempts": 5},
-        # The sender is the tenant's; nobody holds the key: the message is created, and its
-        # attachment's bytes are new.
-        rows=(1, 1, 1, 0),
+        # The sender is the tenant's; the new row is not found by its id (a key taken), so
+        # the key is read back too: nobody holds it, the message is created, and its
+        # attachment's bytes are new. (A first send finds its ids and reads no key back.)
+        rows=(1, 1, 1, 0, 0),
         samples={"idempotency_key": "k", "tenant_id": TENANT, "address": SENDER},
     ),
     Operation(
