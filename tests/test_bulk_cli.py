@@ -157,6 +157,19 @@ def test_a_run_that_stops_half_way_is_finished_by_running_it_again(cli, db, tmp_
     assert count_rows(db) == (5, 5)
 
 
+def test_ctrl_c_while_the_rows_are_checked_writes_nothing(cli, db, tmp_path, monkeypatch):
+    from mailbag.cli import bulk
+
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bulk.RowChecker, "check", interrupted)
+    done = cli(csv_file(tmp_path, "to,name\nada@example.com,Ada\n"), "--template", "welcome")
+    assert done.exit_code == 1
+    assert "interrupted while checking the rows; nothing was written" in done.stderr
+    assert count_rows(db) == (0, 0)
+
+
 def test_key_column_gives_each_row_its_key_across_edited_files(cli, db, tmp_path):
     first = csv_file(tmp_path, "user_id,to,name\n1,ada@example.com,Ada\n2,bob@example.com,Bob\n")
     done = cli(first, "--template", "welcome", "--key-column", "user_id", "--key-prefix", "nov:")

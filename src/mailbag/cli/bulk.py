@@ -10,7 +10,7 @@ is finished by running the same command again, which skips what is already there
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,7 +19,8 @@ from mailbag.cli.invocation import database, fail, settings
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from rich.progress import Progress
+    from rich.progress import Progress, TaskID
+    from sqlalchemy import Engine
 
     from mailbag.domain.message import NewMessage
     from mailbag.templates import Catalog
@@ -145,14 +146,18 @@ def send_bulk(
     bad: list[tuple[int, str, list[str]]] = []
     with progress_bar() as progress:
         checking = progress.add_task("checking", total=len(body))
-        for n, (line, record) in enumerate(body, 1):
-            problem, message = checker.check(line, record)
-            if message is not None:
-                good.append((line, message, record))
-            else:
-                bad.append((line, problem or "", record))
-            if n % 1000 == 0:
-                progress.update(checking, completed=n)
+        try:
+            for n, (line, record) in enumerate(body, 1):
+                problem, message = checker.check(line, record)
+                if message is not None:
+                    good.append((line, message, record))
+                else:
+                    bad.append((line, problem or "", record))
+                if n % 1000 == 0:
+                    progress.update(checking, completed=n)
+        except KeyboardInterrupt:
+            progress.stop()
+            fail("interrupted while checking the rows; nothing was written", code=1)
         progress.update(checking, completed=len(body))
         good, refused = check_senders(engine, good)
         bad = sorted(bad + refused)
@@ -281,7 +286,7 @@ def addresses(cell: str) -> list[str]:
 
 
 def check_senders(
-    engine: Any, good: list[Row]
+    engine: Engine, good: list[Row]
 ) -> tuple[list[Row], list[tuple[int, str, list[str]]]]:
     """The rows whose `from` is a sender identity of the tenant, and the others with why."""
     from mailbag.services.batch import refused_senders
@@ -317,11 +322,11 @@ def write_rejects(path: Path, header: list[str], records: list[list[str]], delim
 
 
 def write(
-    engine: Any,
+    engine: Engine,
     good: list[Row],
     chunk_size: int,
     progress: Progress,
-    task: Any,
+    task: TaskID,
     max_attempts: int,
 ) -> dict[str, int]:
     """Write the messages, `chunk_size` per transaction; a stop half-way says how to go on."""
