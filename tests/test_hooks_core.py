@@ -28,7 +28,7 @@ from mailbag.domain.hooks import (
     SecretBox,
     WrongHooksKey,
 )
-from mailbag.domain.states import Action
+from mailbag.domain.states import Action, Status
 from mailbag.services.hooks import (
     DeliveryFilter,
     HooksOff,
@@ -41,6 +41,7 @@ from mailbag.services.tenants import UnknownTenant
 from mailbag.settings import Settings
 from mailbag.store import events as event_store
 from mailbag.store import hooks as store
+from mailbag.store import suppressions
 from mailbag.store.plan import run
 from mailbag.store.schema import hook_deliveries, hook_delivery_events, hook_endpoints
 from mailbag.worker.hooks import HookConfig, HookDeliverer
@@ -424,6 +425,23 @@ def test_retries_fire_nothing_and_dead_and_failed_fire_their_events(db):
     assert events == {str(messages[1].id): "message.failed", str(messages[2].id): "message.dead"}
     failed = next(r for r in deliveries(db) if r.event == "message.failed")
     assert json.loads(failed.payload)["data"]["error"] == "550 no such user"
+
+
+def test_a_message_born_failed_because_every_recipient_is_suppressed_fires_failed(db):
+    SyncHooks(db.engine, settings_for(db)).create_endpoint("default", "https://e.com/h", ["failed"])
+    with db.engine.begin() as conn:
+        run(
+            conn,
+            suppressions.add(
+                tenant_id="default", email="gone@example.com", reason="hard_bounce", now=T0
+            ),
+        )
+    (gone,) = enqueue(db, 1, to="gone@example.com")
+    enqueue(db, 1, to="here@example.com")  # an ordinary pending message fires nothing
+    assert gone.status == Status.FAILED
+    ((event, payload),) = [(r.event, json.loads(r.payload)) for r in deliveries(db)]
+    assert event == "message.failed"
+    assert payload["data"]["message_id"] == str(gone.id)
 
 
 def test_a_provider_event_about_our_message_fires_its_hook_in_the_same_transaction(db):

@@ -20,16 +20,19 @@ from sqlalchemy import (
 )
 
 from mailbag.domain.content import Attachment, head_start
+from mailbag.domain.hooks import HookEvent
 from mailbag.domain.ids import uuid7
 from mailbag.domain.message import InvalidMessage, Message, NewMessage
-from mailbag.domain.states import MESSAGES, Action
+from mailbag.domain.states import MESSAGES, Action, Status
 from mailbag.store import attachments as attachment_store
+from mailbag.store import hooks
 from mailbag.store import senders as sender_store
 from mailbag.store import suppressions as suppression_store
 from mailbag.store.message_transitions import (
     LAST_ERROR,
     MESSAGE_ROWS,
     carried_json,
+    message_facts,
     message_from_row,
     om,
     unpacked,
@@ -138,6 +141,11 @@ def enqueue(
                 for m in created
             ],
         )
+        # A message whose every To is suppressed is born failed: its hook fires now.
+        if failed := [m for m in created if m.status == Status.FAILED]:
+            yield from hooks.fan_out(
+                [(HookEvent.FAILED, m) for m in failed], message_facts, now=now
+            )
         if dialect == "postgresql":
             # Delivered at commit, so idle workers wake exactly when the rows become visible.
             yield Step(select(func.pg_notify(NOTIFY_CHANNEL, "")))
