@@ -26,7 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from mailbag.api.deps import KeyDep, NowDep, ServicesDep, TenantDep
 from mailbag.api.messages import message_from
-from mailbag.api.problems import COMMON, PROBLEM_BASE, Problem, ProblemError, documented
+from mailbag.api.problems import COMMON, Problem, documented
 from mailbag.api.replay import replayed
 from mailbag.api.schemas import MessageCreate, MessageOut, Strict
 from mailbag.domain.message import InvalidMessage
@@ -156,12 +156,4 @@ def _problem(exc: Exception) -> dict[str, Any]:
     """The problem body the API answers `exc` with (the app's one table of them)."""
     from mailbag.api.app import problem_for  # the app imports this module
 
-    found: ProblemError = problem_for(exc)
-    body: dict[str, Any] = {
-        "type": PROBLEM_BASE + found.slug,
-        "title": found.title,
-        "status": found.status,
-    }
-    if found.detail is not None:
-        body["detail"] = found.detail
-    return {**body, **found.extra}
+    return problem_for(exc).body()

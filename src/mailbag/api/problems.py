@@ -41,7 +41,8 @@ class ProblemError(Exception):
         self.headers = headers or {}
         self.extra = extra
 
-    def response(self) -> JSONResponse:
+    def body(self) -> dict[str, Any]:
+        """The problem as JSON: a response's body, or an invalid batch item's `error`."""
         body: dict[str, Any] = {
             "type": PROBLEM_BASE + self.slug,
             "title": self.title,
@@ -50,8 +51,11 @@ class ProblemError(Exception):
         if self.detail is not None:
             body["detail"] = self.detail
         body.update(self.extra)
+        return body
+
+    def response(self) -> JSONResponse:
         return JSONResponse(
-            body, status_code=self.status, media_type=MEDIA_TYPE, headers=self.headers
+            self.body(), status_code=self.status, media_type=MEDIA_TYPE, headers=self.headers
         )
 
 
