@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag import log
-from mailbag.store import migrate
+from mailbag.store import hooks, migrate
 from mailbag.store.database import Dialect, dialect_of, make_async_engine, make_engine
 from mailbag.store.schema import metadata
 
@@ -95,6 +95,15 @@ def _server_database(dialect: str) -> Iterator[str]:
             if dialect == "mysql":
                 conn.commit()
         admin.dispose()
+
+
+@pytest.fixture(autouse=True)
+def default_hook_fan_out() -> Iterator[None]:
+    """The hook fan-out switch is per process (runtime.configure_hooks, called by every app
+    and worker a test builds): each test starts from the default, whatever ran before it."""
+    hooks.configure(enabled=True)
+    yield
+    hooks.configure(enabled=True)
 
 
 @pytest.fixture(scope="session")
