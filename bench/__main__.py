@@ -14,10 +14,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import dispatch, enqueue, latency, scale
+from bench import brevo_batch, dispatch, enqueue, http_api, latency, scale, smtp_wire, versus
 from bench.common import ROOT
 
-SECTIONS = ("dispatch", "ceiling", "slow", "latency", "enqueue", "scale", "peers")
+# Each of these measures mailbag beside its ceiling or peer in the same run (issue 13).
+PAIRED = {"http": http_api, "smtp": smtp_wire, "versus": versus, "brevo": brevo_batch}
+SECTIONS = (
+    "dispatch",
+    "ceiling",
+    "slow",
+    "latency",
+    "enqueue",
+    "scale",
+    "peers",
+    *PAIRED,
+)
 
 
 def sizes(quick: bool) -> dict[str, Any]:
@@ -108,6 +119,10 @@ def run_sections(
             if kind in databases:
                 for rows in size["rows"]:
                     report("scale", scale.scale(kind, rows))
+    for name, module in PAIRED.items():
+        if name in chosen:
+            for row in module.run(quick):
+                report(name, row)
     if "peers" in chosen:
         from bench.peers.run import PEERS
 
