@@ -30,6 +30,7 @@ from bench.common import (
     wait_until,
     worker_env,
 )
+from bench.peers.common import cpu_seconds
 from mailbag.domain.states import Action
 from mailbag.store.database import make_async_engine
 
@@ -69,9 +70,13 @@ def drain(
     processes = start_workers(workers, env)
     try:
         time.sleep(STARTUP_SECONDS)  # imports, migrations check, first idle poll
+        # Before the seed: its idle polls count too, the claims right after its commit must.
+        cpu_before = cpu_seconds([p.pid for p in processes])
         seed(db, n)
         committed = time.time()
         wait_until(lambda: counts(db).get("sent", 0) == n, timeout=900, interval=0.1)
+        # Sampled once every message is sent: includes the last finalizes, not the exit.
+        cpu = cpu_seconds([p.pid for p in processes]) - cpu_before
     finally:
         stop_workers(processes)
         if smtp is not None:
@@ -89,6 +94,7 @@ def drain(
         "duplicates": sum(c - 1 for c in per_message.values() if c > 1),
         "missing": n - len(per_message),
         "provider": provider,
+        "cpu_us_per_message": round(cpu * 1e6 / n, 1),
     }
 
 

@@ -26,14 +26,14 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from bench import sink
-from mailbag.templates import builtin
+from mailbag.templates import BUILTIN_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -53,6 +53,7 @@ class PeerResult:
     duplicates: int  # hand-offs beyond the first for an id
     missing: int  # enqueued ids never handed off
     startup_seconds: float = 0.0  # first worker spawned -> first hand-off
+    cpu_us_per_job: float = 0.0  # the workers' CPU time during the drain, per job (drain_idle)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -80,9 +81,45 @@ _flusher_pid: int | None = None
 _stopping = False
 
 
+class WelcomeTemplates:
+    """mailbag's built-in `welcome` template (src/mailbag/templates/builtin), rendered with
+    Jinja as mailbag's Catalog renders it: subject (text, stripped), HTML (autoescaped) and
+    text, StrictUndefined, each part's compiled template loaded once per process. Its own
+    Jinja environments, not mailbag's Catalog: a change to mailbag's rendering must not
+    move the peers' figures."""
+
+    def __init__(self, folder: Path = BUILTIN_DIR / "welcome") -> None:
+        import jinja2
+
+        loader = jinja2.FileSystemLoader(str(folder))
+        common = {"undefined": jinja2.StrictUndefined, "keep_trailing_newline": True}
+        html = jinja2.Environment(loader=loader, autoescape=True, **common)  # type: ignore[arg-type]
+        text = jinja2.Environment(loader=loader, autoescape=False, **common)  # type: ignore[arg-type]
+        self.subject = text.get_template("subject.txt")
+        self.html = html.get_template("body.html")
+        self.text = text.get_template("body.txt")
+
+    def render(self, data: Mapping[str, str]) -> tuple[str, str, str]:
+        return (
+            self.subject.render(data).strip(),
+            self.html.render(data),
+            self.text.render(data),
+        )
+
+
+_welcome: WelcomeTemplates | None = None
+
+
+def render_welcome(name: str) -> tuple[str, str, str]:
+    global _welcome
+    if _welcome is None:
+        _welcome = WelcomeTemplates()
+    return _welcome.render({"name": name})
+
+
 def deliver(message_id: str, name: str) -> None:
     """What mailbag's worker does per email in its benchmark: render, hand to the sink."""
-    builtin().render("welcome", {"name": name})
+    render_welcome(name)
     _ensure_flusher()
     with _lock:
         sink.hand_off(message_id)
@@ -353,6 +390,56 @@ def drain(
             f"logs kept in {workdir}",
             file=sys.stderr,
         )
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU time so far of these processes (Linux /proc; 0 elsewhere)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def drain_idle(
+    peer: str,
+    jobs: Sequence[Job],
+    commands: Sequence[Sequence[str]],
+    enqueue: Callable[[], None],
+    env: Mapping[str, str] | None = None,
+    timeout: float = 600.0,
+    *,
+    startup: float = 3.0,
+) -> PeerResult:
+    """As mailbag's dispatch benchmark times itself (bench/dispatch.py): start the workers,
+    let them come up and wait idle for `startup` seconds, then `enqueue` every job in one
+    committed transaction; the clock runs from that commit to the last hand-off."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench_peer_{peer}_"))
+    sink_dir = workdir / "sink"
+    sink_dir.mkdir()
+    expected = {job.message_id for job in jobs}
+    procs = start_workers(commands, worker_env(sink_dir, env), workdir)
+    try:
+        time.sleep(startup)
+        cpu_before = cpu_seconds([p.pid for p in procs])
+        enqueue()
+        committed = time.time()
+        finished = wait_for_distinct(sink_dir, len(expected), timeout, procs)
+        cpu = cpu_seconds([p.pid for p in procs]) - cpu_before
+    except WorkerDied as exc:
+        raise WorkerDied(f"{peer}: {exc}; logs in {workdir}:\n{_log_tail(workdir)}") from exc
+    finally:
+        stop_workers(procs)
+    result = tally(peer, len(commands), expected, sink.read_all(sink_dir), committed)
+    result = replace(result, cpu_us_per_job=round(cpu * 1e6 / max(len(expected), 1), 1))
+    if not finished:
+        print(f"{peer}: timed out after {timeout}s; logs kept in {workdir}", file=sys.stderr)
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
