@@ -1,10 +1,245 @@
-"""Placeholder: filled in by issue 13's work (see /work/notes/issue13.md)."""
+"""Brevo batch sending: one worker sending through `messageVersions` (1,000 emails a call)
+to a Brevo stand-in that answers after 100 ms, beside the stand-in's own limit.
+
+- mailbag: N welcome emails seeded (committed at once) into a scratch PostgreSQL database,
+  one `mailbag worker` (provider brevo, BATCH_SIZE 1000, CONCURRENCY 4000: up to four
+  1,000-email calls in flight) already running and idle. The clock runs from the seeding
+  commit to the stand-in's answer to the last call.
+- ceiling: a bare httpx loop, no database, posting the same calls (1,000 versions of the
+  same rendered template, built by the provider's own `batch_payload` and encoded once,
+  before the clock) with the same number of calls in flight. That is what the stand-in
+  and the HTTP round trip allow at this concurrency: no client can do better through it.
+
+Rounds alternate mailbag, ceiling, mailbag, ... (three of each in full mode). Each row
+carries both rates and their ratio; the stand-in (bench/brevo_fake.py) records every email
+it took, so duplicates and missing are counted on its side, per round.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+import httpx
+
+from bench.common import (
+    ROOT,
+    Database,
+    counts,
+    free_port,
+    scratch_database,
+    seed,
+    start_workers,
+    stop_workers,
+    wait_until,
+    worker_env,
+)
+from mailbag.clock import utcnow
+from mailbag.compose import OutgoingEmail, rfc_message_id
+from mailbag.domain.content import Address, Recipients
+from mailbag.providers.brevo import SEND_PATH, batch_payload
+from mailbag.templates import builtin
+
+API_KEY = "xkeysib-bench-0000000000000000-brevo-fake"
+DELAY = 0.1  # seconds the stand-in takes to answer a call, as the issue sets
+BATCH = 1000  # Brevo's most message versions in one call
+CONCURRENCY = 4000  # emails held by the worker at once: four calls in flight
+CALLS_IN_FLIGHT = CONCURRENCY // BATCH
+FROM_EMAIL = "bench@example.com"  # the stand-in checks `format: email`, as Brevo does
+SETTINGS = {
+    "provider": "brevo",
+    "brevo_api_key": API_KEY,
+    "batch_size": BATCH,
+    "concurrency": CONCURRENCY,
+    "poll_interval": 0.05,
+    "from_email": FROM_EMAIL,
+}
+STARTUP_SECONDS = 3.0
+
+
+@contextmanager
+def brevo_fake(delay: float = DELAY) -> Iterator[str]:
+    """The stand-in in its own process; yields its base URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.brevo_fake",
+            f"--port={port}",
+            f"--api-key={API_KEY}",
+            f"--delay={delay}",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{url}/bench/records").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, timeout=20, interval=0.1)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=10)
+
+
+def records(url: str) -> dict[str, Any]:
+    result: dict[str, Any] = httpx.get(f"{url}/bench/records", timeout=30).json()
+    return result
+
+
+def reset(url: str) -> None:
+    httpx.post(f"{url}/bench/reset").raise_for_status()
+
+
+def tally(
+    url: str, expected: set[str], started: float, aliases: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """What the stand-in took since the last reset, against the recipients expected. An
+    email sent alone is recorded by its X-Mailbag-Message-ID: `aliases` maps it to its To."""
+    took = records(url)
+    if took["refused"]:
+        raise RuntimeError(f"the Brevo stand-in refused requests: {took['refused'][:3]}")
+    aliases = aliases or {}
+    per_key = Counter(aliases.get(key, key) for key in took["keys"])
+    calls = took["calls"]
+    seconds = max(answered for _, answered, _, _ in calls) - started
+    return {
+        "seconds": seconds,
+        "per_second": len(expected) / seconds,
+        "calls": len(calls),
+        "versions_per_call": round(sum(n for _, _, n, _ in calls) / len(calls), 1),
+        "kib_per_call": round(sum(size for *_, size in calls) / len(calls) / 1024),
+        "duplicates": sum(c - 1 for c in per_key.values() if c > 1),
+        "missing": len(expected - per_key.keys()),
+        "unexpected": len(per_key.keys() - expected),
+    }
+
+
+def mailbag_round(db: Database, url: str, n: int, sent_before: int) -> dict[str, Any]:
+    """Seed N emails to user0..user{N-1} (the stand-in records a version by its To) and
+    time the running worker until the stand-in answered the last of them."""
+    reset(url)
+    ids = seed(db, n)
+    committed = time.time()
+    # Every one must be decided `sent`: the stand-in's answer alone is not a send.
+    wait_until(lambda: counts(db).get("sent", 0) == sent_before + n, timeout=180, interval=0.1)
+    to = [f"user{i}@example.com" for i in range(n)]
+    aliases = {str(message_id): address for message_id, address in zip(ids, to, strict=True)}
+    return tally(url, set(to), committed, aliases)
+
+
+def ceiling_bodies(n: int) -> list[bytes]:
+    """N emails rendered from the welcome template as the worker renders them, cut into
+    1,000-version calls by the provider's own payload builder, JSON-encoded."""
+    catalog = builtin()
+    bodies = []
+    for start in range(0, n, BATCH):
+        emails = []
+        for i in range(start, min(n, start + BATCH)):
+            rendered = catalog.render("welcome", {"name": f"User {i}"})
+            message_id = uuid.uuid4()
+            emails.append(
+                OutgoingEmail(
+                    message_id=message_id,
+                    attempt=1,
+                    tenant_id="default",
+                    from_email=FROM_EMAIL,
+                    from_name="mailbag",
+                    recipients=Recipients(to=(Address(f"user{i}@example.com"),)),
+                    subject=rendered.subject,
+                    html=rendered.html,
+                    text=rendered.text,
+                    rfc_message_id=rfc_message_id(message_id, "example.com"),
+                    date=utcnow(),
+                )
+            )
+        bodies.append(httpx.Request("POST", "/", json=batch_payload(emails)).read())
+    return bodies
+
+
+async def _post_all(url: str, bodies: list[bytes]) -> None:
+    queue = list(reversed(bodies))
+    headers = {"api-key": API_KEY, "content-type": "application/json"}
+    limits = httpx.Limits(max_connections=CALLS_IN_FLIGHT)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
+
+        async def loop() -> None:
+            while queue:
+                response = await client.post(SEND_PATH, content=queue.pop(), headers=headers)
+                if response.status_code != 201 or "messageIds" not in response.json():
+                    raise RuntimeError(f"the stand-in answered {response.status_code}")
+
+        await asyncio.gather(*(loop() for _ in range(CALLS_IN_FLIGHT)))
+
+
+def ceiling_round(url: str, n: int, bodies: list[bytes]) -> dict[str, Any]:
+    reset(url)
+    started = time.time()
+    asyncio.run(_post_all(url, bodies))
+    return tally(url, {f"user{i}@example.com" for i in range(n)}, started)
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
-    """Every row of this section's measurement, side by side with its ceiling or peer."""
-    return []
+    n = 3000 if quick else 30_000
+    rounds = 1 if quick else 3
+    rows = []
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        scratch_database("postgresql", Path(tmp)) as db,
+        brevo_fake() as url,
+    ):
+        bodies = ceiling_bodies(n)
+        env = worker_env(db, Path(tmp), **{**SETTINGS, "brevo_base_url": url})
+        workers = start_workers(1, env)
+        try:
+            time.sleep(STARTUP_SECONDS)  # imports, migrations check, first idle poll
+            for number in range(1, rounds + 1):
+                ours = mailbag_round(db, url, n, sent_before=(number - 1) * n)
+                bare = ceiling_round(url, n, bodies)
+                rows.append(
+                    {
+                        "database": db.dialect,
+                        "round": number,
+                        "messages": n,
+                        "delay_s": DELAY,
+                        "batch_size": BATCH,
+                        "concurrency": CONCURRENCY,
+                        "calls_in_flight": CALLS_IN_FLIGHT,
+                        "per_second": round(ours["per_second"]),
+                        "ceiling_per_second": round(bare["per_second"]),
+                        "ratio": round(ours["per_second"] / bare["per_second"], 3),
+                        "seconds": round(ours["seconds"], 3),
+                        "ceiling_seconds": round(bare["seconds"], 3),
+                        "calls": ours["calls"],
+                        "versions_per_call": ours["versions_per_call"],
+                        "ceiling_versions_per_call": bare["versions_per_call"],
+                        "kib_per_call": ours["kib_per_call"],
+                        "ceiling_kib_per_call": bare["kib_per_call"],
+                        "duplicates": ours["duplicates"],
+                        "missing": ours["missing"],
+                        "ceiling_duplicates": bare["duplicates"],
+                        "ceiling_missing": bare["missing"],
+                    }
+                )
+        finally:
+            stop_workers(workers)
+    return rows
