@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bench import brevo_batch
@@ -9,7 +11,7 @@ from bench.brevo_fake import Invalid, validate
 
 
 @pytest.mark.slow
-def test_the_brevo_batch_benchmark_runs_quick():
+def test_the_brevo_batch_benchmark_runs_quick() -> None:
     (row,) = brevo_batch.run(quick=True)
     assert row["versions_per_call"] == row["ceiling_versions_per_call"] == 1000
     assert row["kib_per_call"] == row["ceiling_kib_per_call"]
@@ -18,7 +20,7 @@ def test_the_brevo_batch_benchmark_runs_quick():
     assert row["per_second"] > 0 and row["ceiling_per_second"] > 0 and row["ratio"] > 0
 
 
-def _batch(versions: list[dict[str, object]]) -> dict[str, object]:
+def _batch(versions: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "sender": {"email": "bench@example.com", "name": "mailbag"},
         "subject": "Hello",
