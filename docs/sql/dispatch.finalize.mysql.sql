@@ -9,7 +9,7 @@ FROM outbox_messages
 WHERE outbox_messages.status IN ('processing') AND outbox_messages.id IN (:id_1_1) AND outbox_messages.claim_token = :claim_token_1 FOR UPDATE;
 
 -- step 2
-UPDATE outbox_messages SET status='sent', attempt_count=(outbox_messages.attempt_count + :attempt_count_1), updated_at=:updated_at, claim_token=:claim_token, claimed_by=:claimed_by, claimed_at=:claimed_at, lease_expires_at=:lease_expires_at, provider=:provider, provider_message_id=CASE outbox_messages.id WHEN :param_1 THEN :param_2 ELSE outbox_messages.provider_message_id END, last_error=:last_error, sent_at=:sent_at, ambiguous_since=:ambiguous_since WHERE outbox_messages.id IN (:id_1_1);
+UPDATE outbox_messages SET status='sent', attempt_count=(outbox_messages.attempt_count + :attempt_count_1), updated_at=:updated_at, claim_token=:claim_token, claimed_by=:claimed_by, claimed_at=:claimed_at, lease_expires_at=:lease_expires_at, provider=:provider, provider_message_id=:provider_message_id, last_error=:last_error, sent_at=:sent_at, ambiguous_since=:ambiguous_since WHERE outbox_messages.id IN (:id_1_1);
 
 -- step 3
 SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.template_name, outbox_messages.metadata, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.claimed_by, outbox_messages.to_address, outbox_messages.provider

@@ -16,13 +16,18 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     and_,
+    any_,
+    bindparam,
     case,
+    cast,
     func,
     literal,
     literal_column,
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.sql.elements import Grouping
 
 from mailbag.domain.content import HEAD_START, Priority, head_start
 from mailbag.domain.delivery import Decision
@@ -166,14 +171,15 @@ def finalize(
             raise ValueError(f"{decision.action} is not a finalize action")
         groups[(decision.action, decision.keep_attempt)][message_id] = decision
 
+    dialect = yield from current_dialect()
     changed: list[Changed[Settled]] = []
     for (action, keep_attempt), group in groups.items():
-        ids = list(group)
-        values = _finalize_values(action, keep_attempt, group, now, provider)
+        rows = PerRow(list(group), arrays=dialect == "postgresql")
+        values = _finalize_values(action, keep_attempt, group, now, provider, rows)
         changed += yield from transition(
             action,
             as_row=settled_from_row,
-            where=and_(om.c.id.in_(ids), om.c.claim_token == token),
+            where=and_(rows.match(), om.c.claim_token == token),
             values=values,
             now=now,
             actor=actor,
@@ -190,6 +196,7 @@ def _finalize_values(
     group: Mapping[uuid.UUID, Decision],
     now: datetime,
     provider: str | None,
+    rows: PerRow,
 ) -> dict[str, Any]:
     spends_attempt = action not in _UNSENT and not keep_attempt
     values: dict[str, Any] = {
@@ -198,63 +205,90 @@ def _finalize_values(
     }
     if action is Action.RELEASE:
         return values
+    errors = [truncate_error(d.error) for d in group.values()]
     if action is Action.LAPSE:
-        errors = {i: truncate_error(d.error) for i, d in group.items()}
-        values.update(last_error=_per_row(errors, om.c.last_error.type, None), ambiguous_since=None)
+        values.update(last_error=rows.value(errors, om.c.last_error.type), ambiguous_since=None)
         return values
     values["provider"] = provider
-    errors = {i: truncate_error(d.error) for i, d in group.items()}
-    provider_ids = {i: d.provider_message_id for i, d in group.items()}
+    provider_ids = [d.provider_message_id for d in group.values()]
     if action is Action.MARK_SENT:
         values.update(
             sent_at=now,
             ambiguous_since=None,
-            last_error=_per_row(errors, om.c.last_error.type, None),
-            provider_message_id=_per_row(
+            last_error=rows.value(errors, om.c.last_error.type),
+            provider_message_id=rows.value(
                 provider_ids, om.c.provider_message_id.type, om.c.provider_message_id
             ),
         )
         return values
-    values["last_error"] = _per_row(errors, om.c.last_error.type, None)
+    values["last_error"] = rows.value(errors, om.c.last_error.type)
     if action is Action.MARK_UNKNOWN:
-        values["provider_message_id"] = _per_row(
+        values["provider_message_id"] = rows.value(
             provider_ids, om.c.provider_message_id.type, om.c.provider_message_id
         )
     if action is Action.RETRY:
-        next_at = {i: d.next_attempt_at or now for i, d in group.items()}
-        values["next_attempt_at"] = _per_row(next_at, UTCDateTime(), None)
-        values["claim_order_at"] = claim_order(next_at)
-        since = {i: d.ambiguous_since for i, d in group.items()}
-        values["ambiguous_since"] = _per_row(since, UTCDateTime()) if keep_attempt else None
+        next_at = [d.next_attempt_at or now for d in group.values()]
+        values["next_attempt_at"] = rows.value(next_at, UTCDateTime())
+        values["claim_order_at"] = claim_order(next_at, rows)
+        since = [d.ambiguous_since for d in group.values()]
+        values["ambiguous_since"] = rows.value(since, UTCDateTime()) if keep_attempt else None
     elif action is not Action.MARK_UNKNOWN:
         values["ambiguous_since"] = None
     return values
 
 
-def _per_row(values: Mapping[uuid.UUID, Any], type_: Any, keep: Any = None) -> Any:
-    """`CASE id WHEN ... THEN ... END`: per-row values in one set-based UPDATE.
+class PerRow:
+    """Per-row values in one set-based UPDATE of the rows `ids`: each `value` takes one
+    value per id, in the order of `ids`.
 
-    Rows whose value is None keep `keep` (the column's current value) when it is given.
-    """
-    if keep is not None:
-        values = {key: value for key, value in values.items() if value is not None}
-        if not values:
-            return keep
-    distinct = {repr(value) for value in values.values()}
-    if len(distinct) == 1 and keep is None:
-        return literal(next(iter(values.values())), type_)
-    whens = {key: literal(value, type_) for key, value in values.items()}
-    return case(whens, value=om.c.id, else_=keep if keep is not None else literal(None, type_))
+    On PostgreSQL the ids and each column's values go as two array parameters (the row's
+    value is `(values)[array_position(ids, id)]`), so the statement's text is the same for
+    every batch: SQLAlchemy compiles it once and psycopg prepares it once. Elsewhere a
+    `CASE id WHEN ... THEN ... END` and an IN list."""
+
+    def __init__(self, ids: list[uuid.UUID], *, arrays: bool) -> None:
+        self.ids, self.arrays = ids, arrays
+        if arrays:
+            self._ids = _array(ids, om.c.id.type)
+            self._position = func.array_position(self._ids, om.c.id)
+
+    def match(self) -> ColumnElement[bool]:
+        """The rows of `ids`."""
+        return om.c.id == any_(self._ids) if self.arrays else om.c.id.in_(self.ids)
+
+    def value(self, values: Sequence[Any], type_: Any, keep: Any = None) -> Any:
+        """Each row's value; a row whose value is None keeps `keep` (the column's current
+        value) when it is given."""
+        distinct = {repr(value) for value in values}
+        if len(distinct) == 1:  # the usual case: one value for the whole batch
+            if keep is not None and values[0] is None:
+                return keep
+            return literal(values[0], type_)
+        if self.arrays:
+            picked = Grouping(_array(list(values), type_))[self._position]
+            return picked if keep is None else func.coalesce(picked, keep)
+        pairs = {
+            i: v for i, v in zip(self.ids, values, strict=True) if keep is None or v is not None
+        }
+        whens = {key: literal(value, type_) for key, value in pairs.items()}
+        return case(whens, value=om.c.id, else_=keep if keep is not None else literal(None, type_))
 
 
-def claim_order(due: datetime | Mapping[uuid.UUID, datetime]) -> ColumnElement[Any]:
-    """claim_order_at for rows becoming due at `due` (one time, or one per row by id): that
-    time less each row's own priority's head start, in the same UPDATE."""
+def _array(values: list[Any], type_: Any) -> ColumnElement[Any]:
+    array_type = ARRAY(type_)
+    return cast(bindparam(None, values, type_=array_type), array_type)
+
+
+def claim_order(
+    due: datetime | Sequence[datetime], rows: PerRow | None = None
+) -> ColumnElement[Any]:
+    """claim_order_at for rows becoming due at `due` (one time, or one per row of `rows`):
+    that time less each row's own priority's head start, in the same UPDATE."""
     by_level = {
         level: (
             literal(due - head_start(level), UTCDateTime())
             if isinstance(due, datetime)
-            else _per_row({i: at - head_start(level) for i, at in due.items()}, UTCDateTime())
+            else _rows(rows).value([at - head_start(level) for at in due], UTCDateTime())
         )
         for level in Priority
     }
@@ -262,6 +296,12 @@ def claim_order(due: datetime | Mapping[uuid.UUID, datetime]) -> ColumnElement[A
     return case(
         {int(level): value for level, value in by_level.items()}, value=om.c.priority, else_=normal
     )
+
+
+def _rows(rows: PerRow | None) -> PerRow:
+    if rows is None:
+        raise ValueError("per-row due times need the rows they are for")
+    return rows
 
 
 def sweep_expired(*, now: datetime, actor: str, limit: int = 1000) -> Plan[list[Changed[Message]]]:
