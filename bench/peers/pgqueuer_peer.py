@@ -18,7 +18,8 @@ Configuration, and why:
   (the defaults). Logging at WARNING, as for the other peers.
 - Job: one `async def` entrypoint `welcome` that decodes the JSON payload
   {message_id, recipient, name}, renders mailbag's built-in `welcome` template (subject,
-  HTML, text) with Jinja as mailbag's Catalog does (common.render_welcome), and hands the
+  HTML, text) with Jinja through mailbag's own Catalog (common.render_welcome: the same
+  code and cost as mailbag's worker, so the figures compare the queues), and hands the
   id to the benchmark sink: the email outbox's work without the outbox.
 - Enqueue and timing (`run`): as mailbag's dispatch benchmark: the workers start and wait
   idle (3 s), then every job is enqueued in ONE transaction (`Queries.enqueue` with

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2.runtime import new_context
 
 from mailbag.domain.message import unsafe_text
 
@@ -52,6 +53,7 @@ class Catalog:
         }
         self._html = jinja2.Environment(autoescape=True, **common)
         self._text = jinja2.Environment(autoescape=False, **common)  # noqa: S701
+        self._parts: dict[str, tuple[_Part, _Part, _Part]] = {}  # compiled, by name
         self._names = frozenset(
             entry.name
             for folder in self.folders
@@ -67,18 +69,18 @@ class Catalog:
 
     def render(self, name: str, data: Mapping[str, Any], subject: str | None = None) -> Rendered:
         """Render all three parts; a caller-given subject replaces the template's."""
-        if name not in self._names:
-            raise TemplateError(f"unknown template {name!r}")
+        parts = self._parts.get(name)
+        if parts is None:
+            if name not in self._names:
+                raise TemplateError(f"unknown template {name!r}")
+            parts = self._parts[name] = self._load(name)
+        subject_part, html_part, text_part = parts
         try:
             # A caller's subject is sent exactly as given; a template's loses the blank
             # space around it (subject.txt ends with a newline).
-            subject_text = (
-                subject
-                if subject is not None
-                else self._text.get_template(f"{name}/subject.txt").render(data).strip()
-            )
-            html = self._html.get_template(f"{name}/body.html").render(data)
-            text = self._text.get_template(f"{name}/body.txt").render(data)
+            subject_text = subject if subject is not None else subject_part.render(data).strip()
+            html = html_part.render(data)
+            text = text_part.render(data)
         except jinja2.TemplateError as exc:
             raise TemplateError(f"template {name!r}: {type(exc).__name__}: {exc}") from exc
         problem = unsafe_text(subject_text)  # the rule enqueue applies to a given subject
@@ -87,6 +89,41 @@ class Catalog:
         if not subject_text.strip():
             raise TemplateError(f"template {name!r}: the rendered subject is empty")
         return Rendered(subject_text, html, text)
+
+    def _load(self, name: str) -> tuple[_Part, _Part, _Part]:
+        try:
+            return (
+                _Part(self._text.get_template(f"{name}/subject.txt")),
+                _Part(self._html.get_template(f"{name}/body.html")),
+                _Part(self._text.get_template(f"{name}/body.txt")),
+            )
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"template {name!r}: {type(exc).__name__}: {exc}") from exc
+
+
+class _Part:
+    """One compiled template, rendered as `Template.render` does it, minus the cost of
+    merging its globals into every context: Jinja rebuilds them from a ChainMap at each
+    render (a third of the time for a short template); here they are merged once."""
+
+    def __init__(self, template: jinja2.Template) -> None:
+        self.template = template
+        self.globals = dict(template.globals)
+
+    def render(self, data: Mapping[str, Any]) -> str:
+        template = self.template
+        context = new_context(
+            template.environment,
+            template.name,
+            template.blocks,
+            {**self.globals, **data},
+            shared=True,  # the dict above is this render's own: nothing to copy again
+            globals=self.globals,
+        )
+        try:
+            return template.environment.concat(template.root_render_func(context))
+        except Exception:
+            template.environment.handle_exception()  # raises, with the template's lines
 
 
 _builtin: Catalog | None = None
