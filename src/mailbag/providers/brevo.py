@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import mimetypes
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -280,6 +281,11 @@ def single_payload(email: OutgoingEmail) -> dict[str, Any]:
     return payload
 
 
+def encode_json(payload: Mapping[str, Any]) -> bytes:
+    """A request body: compact UTF-8 JSON, as httpx's `json=` writes it."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
 def lookup_tag(message_id: uuid.UUID) -> str:
     return f"mailbag-{message_id}"
 
@@ -306,14 +312,15 @@ def batch_payload(emails: Sequence[OutgoingEmail]) -> dict[str, Any]:
     Brevo's record.
     """
     first = emails[0]
-    versions = [
-        {
-            **_recipient_fields(email),
-            "subject": email.subject,
-            **_body_fields(email.html, email.text),
-        }
-        for email in emails
-    ]
+    versions = []
+    for email in emails:  # per email, so built in place rather than by merging dicts
+        version = _recipient_fields(email)
+        version["subject"] = email.subject
+        if email.html:
+            version["htmlContent"] = email.html
+        if email.text:
+            version["textContent"] = email.text
+        versions.append(version)
     # Brevo wants a top-level subject and body when no template is used, and lets a
     # version override a body only of a kind present at the top. Every version carries its
     # own, so the first email's serve; a version never inherits another email's body,
@@ -473,7 +480,7 @@ class BrevoProvider:
         try:
             response = await self._client.post(
                 SEND_PATH,
-                json=payload,
+                content=encode_json(payload),
                 headers={"api-key": self._api_key, "content-type": "application/json"},
             )
         except httpx.TransportError as exc:
@@ -495,13 +502,15 @@ class BrevoProvider:
             found, text = Ambiguous, f"Brevo answer unreadable: {answer.unreadable}"
         else:
             status, body = answer.status, answer.body
-            found, text = first_match(RESPONSE_TABLE, status=status), _error_text(status, body)
+            found = first_match(RESPONSE_TABLE, status=status)
             if found is Accepted:
                 ids = _message_ids(body, count)
                 if ids is not None:
                     return [Accepted(message_id) for message_id in ids]
                 found = Ambiguous
                 text = f"Brevo answered {status} without usable message ids: {body!r}"
+            else:
+                text = _error_text(status, body)
         text = scrub(text, self._api_key)
         if found is Rejected and keyed and _error_code(answer.body) in DUPLICATE_KEY_CODES:
             text += (
