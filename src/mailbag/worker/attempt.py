@@ -21,6 +21,7 @@ the caller keeps its own books (tests pass a recorder and the in-memory provider
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -124,9 +125,7 @@ class Sender:
                 outcomes = [await self.provider.send(emails[0])]
             else:
                 outcomes = await self.provider.send_batch(emails)
-            metrics.PROVIDER_SECONDS.labels(self.provider.name).observe(
-                time.perf_counter() - started
-            )
+            self._provider_seconds.observe(time.perf_counter() - started)
         except asyncio.CancelledError:
             # The grace period ran out mid-send: whether it left is unknown.
             interrupted = Ambiguous("send interrupted by shutdown", keyed=len(messages) == 1)
@@ -138,6 +137,11 @@ class Sender:
             outcomes = [Ambiguous(f"provider raised {describe(exc)}", keyed=False)] * len(emails)
         for message, outcome in zip(messages, outcomes, strict=True):
             self._decided(progress, message, outcome)
+
+    @functools.cached_property
+    def _provider_seconds(self) -> Any:
+        """This provider's series, looked up once (`labels` costs a lock and a dict)."""
+        return metrics.PROVIDER_SECONDS.labels(self.provider.name)
 
     @staticmethod
     def _missing(message: Message, contents: Mapping[str, bytes]) -> str | None:

@@ -5,7 +5,7 @@ stale finalize, and one `transition` line per message that changed state (at INF
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,14 +58,16 @@ class Report:
                 )
                 continue
             self.stats[decision.action.value] += 1
-        per_message_lines = log.enabled(logging.INFO)
-        for changed in result.changed:
-            counter = metrics.OUTCOME_COUNTERS.get(changed.message.status)
+        # One inc per (outcome, template) and batch, not one per message.
+        outcomes = Counter((c.message.status, c.message.template_name) for c in result.changed)
+        for (status, template_name), count in outcomes.items():
+            counter = metrics.OUTCOME_COUNTERS.get(status)
             if counter is not None:
-                template = metrics.template_label(changed.message.template_name)
-                counter.labels(self.provider, template).inc()
-            if not per_message_lines:
-                continue
+                template = metrics.template_label(template_name)
+                counter.labels(self.provider, template).inc(count)
+        if not log.enabled(logging.INFO):
+            return
+        for changed in result.changed:
             self.log.info(
                 "transition",
                 message_id=str(changed.message.id),
