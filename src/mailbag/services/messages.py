@@ -15,8 +15,11 @@ from mailbag.services import outbox as outbox_service
 from mailbag.services.idempotency import Response, execute, fingerprint
 from mailbag.settings import Settings
 from mailbag.store import attachments as attachment_store
+from mailbag.store import enqueue as enqueue_store
+from mailbag.store import idempotency as idempotency_store
 from mailbag.store import messages as store
 from mailbag.store import operator
+from mailbag.store.enqueue import Enqueued, takes_first_use
 from mailbag.store.session import AsyncDatabase, AsyncSession
 
 if TYPE_CHECKING:  # engines are handed in, never made here
@@ -24,6 +27,10 @@ if TYPE_CHECKING:  # engines are handed in, never made here
 
 ACTOR = "api"
 MAX_PAGE = 100
+
+
+class _NotFirstUse(Exception):
+    """The one-statement path kept nothing: roll back and take the readable one."""
 
 
 class MessageNotFound(Exception):
@@ -147,6 +154,13 @@ class Messages:
         self.db, self.settings = AsyncDatabase(engine), settings
 
     async def create(self, *, key: str | None, message: NewMessage, now: datetime) -> Response:
+        request_fingerprint = message_fingerprint(message)
+        ttl = timedelta(hours=self.settings.idempotency_ttl_hours)
+        if key is not None and self.db.dialect == "postgresql" and takes_first_use(message):
+            first = await self._first_use(key, message, request_fingerprint, now, ttl)
+            if first is not None:
+                return first
+
         async def work(tx: AsyncSession) -> Response:
             (enqueued,) = await outbox_service.enqueue_many_async(
                 tx.connection,
@@ -162,11 +176,45 @@ class Messages:
             tenant_id=message.tenant_id,
             key=key,
             operation="POST /v1/messages",
-            request_fingerprint=message_fingerprint(message),
+            request_fingerprint=request_fingerprint,
             now=now,
-            ttl=timedelta(hours=self.settings.idempotency_ttl_hours),
+            ttl=ttl,
             work=work,
         )
+
+    async def _first_use(
+        self, key: str, message: NewMessage, request_fingerprint: str, now: datetime, ttl: timedelta
+    ) -> Response | None:
+        """PostgreSQL, a key's first use: record, message and history in one statement
+        (store.enqueue.enqueue_first_use). None: nothing was kept (the key is in use, the
+        recipient suppressed, ...); the readable path decides that case."""
+        row = enqueue_store.first_use_row(message, now, self.settings.max_attempts)
+        made = enqueue_store.first_use_message(row, message)
+        response = Response(201, public(made), str(made.id))
+        record = idempotency_store.complete_record(
+            tenant_id=message.tenant_id,
+            key=key,
+            operation="POST /v1/messages",
+            fingerprint=request_fingerprint,
+            now=now,
+            expires_at=now + ttl,
+            resource_id=response.resource_id,
+            status=response.status,
+            body=response.body,
+        )
+        try:
+            async with self.db.transaction() as tx:
+                if not await tx.run(
+                    enqueue_store.enqueue_first_use(row, record, now=now, actor=ACTOR)
+                ):
+                    raise _NotFirstUse
+                outbox_service.created(
+                    [Enqueued(made, True)],
+                    tx.connection.sync_connection,  # type: ignore[arg-type]
+                )
+        except _NotFirstUse:
+            return None  # rolled back: nothing of it was kept
+        return response
 
     async def get(self, *, tenant_id: str, message_id: uuid.UUID) -> dict[str, Any]:
         async with self.db.connect() as tx:

@@ -50,7 +50,7 @@ def _plan(
     )
 
 
-def _enqueued(results: list[Enqueued], conn: Connection) -> list[Enqueued]:
+def created(results: list[Enqueued], conn: Connection) -> list[Enqueued]:
     """Count what was created and wake the workers once the caller commits it."""
     for result in results:
         if result.created:
@@ -69,7 +69,7 @@ def enqueue_many(
     now: datetime | None = None,
 ) -> list[Enqueued]:
     results = Session(conn).run(_plan(messages, max_attempts, actor, now))
-    return _enqueued(results, conn)
+    return created(results, conn)
 
 
 async def enqueue_many_async(
@@ -81,7 +81,7 @@ async def enqueue_many_async(
     now: datetime | None = None,
 ) -> list[Enqueued]:
     results = await AsyncSession(conn).run(_plan(messages, max_attempts, actor, now))
-    return _enqueued(results, conn.sync_connection)  # type: ignore[arg-type]
+    return created(results, conn.sync_connection)  # type: ignore[arg-type]
 
 
 def enqueue(

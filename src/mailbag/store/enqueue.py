@@ -15,9 +15,13 @@ from sqlalchemy import (
     Uuid,
     any_,
     bindparam,
+    exists,
     func,
+    insert,
+    literal_column,
     select,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from mailbag.domain.content import Attachment, head_start
 from mailbag.domain.hooks import HookEvent
@@ -38,6 +42,7 @@ from mailbag.store.message_transitions import (
     unpacked,
 )
 from mailbag.store.plan import Plan, Step, current_dialect
+from mailbag.store.schema import idempotency_records, message_events, suppressions
 from mailbag.store.transition import history_row, record
 from mailbag.store.types import insert_unless_taken
 
@@ -244,3 +249,118 @@ def _new_row(
         "claim_order_at": next_attempt_at - head_start(m.priority),
         "attachment_count": len(m.attachments),
     }
+
+
+# --- PostgreSQL: a first use of an Idempotency-Key in one statement --------------------------
+#
+# POST /v1/messages with a key, on PostgreSQL, in its common case (one recipient, no explicit
+# `from`, no attachments): the idempotency record (response included), the message and its
+# history row go in with ONE statement of data-modifying CTEs, where the readable path
+# (services.idempotency.execute + enqueue) makes about nine round trips. Each part depends on
+# the one before, so the statement writes all or nothing of them:
+#
+#   blocked: the recipient is on the tenant's suppression list (then nothing is written);
+#   took:    INSERT the record ... ON CONFLICT (tenant, key) DO NOTHING: a record holding the
+#            key (live, expired, or being written by a racing request, which the INSERT waits
+#            for) makes this empty;
+#   made:    INSERT the message FROM took ... ON CONFLICT (tenant, key) DO NOTHING;
+#   history: INSERT its creation row FROM made; and pg_notify at commit, FROM made.
+#
+# The statement answers how many rows `took` and `made` wrote. Anything but (1, 1) means an
+# unusual case (a replay, a 409, an expired record, a suppressed recipient, a message that
+# holds the key without a record): the caller rolls back and takes the readable path, which
+# decides it exactly as before. So the fast path never decides a conflict itself.
+
+
+def first_use_row(m: NewMessage, now: datetime, default_max_attempts: int) -> dict[str, Any]:
+    """The row a first use writes: as `enqueue` would, nobody suppressed (the statement checks
+    that), and no sender identity (the fast path takes no explicit `from`)."""
+    return _new_row(m, now, default_max_attempts, frozenset(), None)
+
+
+def first_use_message(row: dict[str, Any], m: NewMessage) -> Message:
+    return _message(row, m)
+
+
+def takes_first_use(m: NewMessage) -> bool:
+    """Whether a message fits the one-statement path (see above)."""
+    return (
+        m.idempotency_key is not None
+        and m.from_address is None
+        and not m.attachments
+        and m.recipients.is_single
+    )
+
+
+def _first_use_statement() -> Any:
+    def params(table: Any, prefix: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        return {
+            c.name: bindparam(f"{prefix}{c.name}", type_=c.type)
+            for c in table.columns
+            if c.name not in skip and not c.computed
+        }
+
+    blocked = (
+        select(literal_column("1").label("one"))
+        .where(
+            suppressions.c.tenant_id == bindparam("blocked_tenant"),
+            suppressions.c.email == bindparam("blocked_email"),
+        )
+        .cte("blocked")
+    )
+    record = params(idempotency_records, "r_", skip=("id",))
+    took = (
+        pg_insert(idempotency_records)
+        .from_select(list(record), select(*record.values()).where(~exists(select(blocked.c.one))))
+        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+        .returning(idempotency_records.c.id)
+        .cte("took")
+    )
+    row = params(om, "m_")
+    made = (
+        pg_insert(om)
+        .from_select(list(row), select(*row.values()).select_from(took))
+        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+        .returning(om.c.id)
+        .cte("made")
+    )
+    event = params(message_events, "e_", skip=("id", "message_id"))
+    history = (
+        insert(message_events)
+        .from_select(["message_id", *event], select(made.c.id, *event.values()))
+        .returning(message_events.c.id)
+        .cte("history")
+    )
+    count = func.count
+    return select(
+        select(count()).select_from(took).scalar_subquery().label("took"),
+        select(count()).select_from(made).scalar_subquery().label("made"),
+        select(count()).select_from(history).scalar_subquery().label("history"),
+        select(func.pg_notify(NOTIFY_CHANNEL, "")).select_from(made).scalar_subquery(),
+    )
+
+
+_FIRST_USE: list[Any] = []  # built once: SQLAlchemy then reuses its compiled form
+
+
+def enqueue_first_use(
+    row: dict[str, Any], record: dict[str, Any], *, now: datetime, actor: str
+) -> Plan[bool]:
+    """PostgreSQL only: write `record` (an idempotency_records row, response included), the
+    message `row` and its history row in one statement. False: the statement wrote nothing
+    that may be kept; the caller rolls back and takes the readable path."""
+    if (yield from current_dialect()) != "postgresql":
+        return False  # the readable path is every database's
+    if not _FIRST_USE:
+        _FIRST_USE.append(_first_use_statement())
+    event = history_row(MESSAGE_ROWS, row, None, at=now, actor=actor, event=LAST_ERROR)
+    event.pop("message_id")
+    values = {
+        **{f"m_{k}": v for k, v in row.items()},
+        **{f"r_{k}": v for k, v in record.items()},
+        **{f"e_{k}": v for k, v in event.items()},
+        "blocked_tenant": row["tenant_id"],
+        "blocked_email": row["to_address"].lower(),
+    }
+    answer = (yield Step(_FIRST_USE[0], values)).one()
+    return bool(answer.took == answer.made == answer.history == 1)

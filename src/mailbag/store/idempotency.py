@@ -97,6 +97,33 @@ def record_response(
     )
 
 
+def complete_record(
+    *,
+    tenant_id: str,
+    key: str,
+    operation: str,
+    fingerprint: str,
+    now: datetime,
+    expires_at: datetime,
+    resource_id: str | None,
+    status: int,
+    body: Any,
+) -> dict[str, Any]:
+    """A record taken and answered at once (store.enqueue.enqueue_first_use writes it in the
+    statement that does the work): what take_key and record_response write together."""
+    return {
+        "tenant_id": tenant_id,
+        "idempotency_key": key,
+        "operation": operation,
+        "fingerprint": fingerprint,
+        "resource_id": resource_id,
+        "response_status": status,
+        "response_body": _text(body),
+        "created_at": now,
+        "expires_at": expires_at,
+    }
+
+
 def _text(body: Any) -> str:
     return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
