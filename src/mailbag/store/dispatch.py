@@ -46,7 +46,7 @@ from mailbag.store.message_transitions import (
 )
 from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import message_events
-from mailbag.store.transition import EventSpec
+from mailbag.store.transition import NOW, EventSpec
 from mailbag.store.types import UTCDateTime
 
 # MariaDB's generated stand-in for the partial claim index (see schema.py).
@@ -88,6 +88,16 @@ _FINALIZE_EVENTS: dict[Action, EventSpec] = {
 }
 
 
+# The claim's parameters on PostgreSQL (its statement is cached: see `claim`).
+_DUE_BY = bindparam("due_by", type_=UTCDateTime())
+_CLAIM_BINDS = {
+    "claim_token": bindparam("claim_token", type_=om.c.claim_token.type),
+    "claimed_by": bindparam("claimed_by", type_=om.c.claimed_by.type),
+    "claimed_at": NOW,
+    "lease_expires_at": bindparam("lease_expires_at", type_=UTCDateTime()),
+}
+
+
 def claim(
     *,
     worker_id: str,
@@ -106,24 +116,33 @@ def claim(
     token = uuid.uuid4()
     dialect = yield from current_dialect()
     order_at = MYSQL_CLAIMABLE_AT if dialect == "mysql" else om.c.claim_order_at
-    due = and_(order_at <= now + HEAD_START, om.c.next_attempt_at <= now)
-    order = (order_at, om.c.id)
+    claim_values: dict[str, Any] = {
+        "claim_token": token,
+        "claimed_by": worker_id,
+        "claimed_at": now,
+        "lease_expires_at": now + lease,
+    }
+    if dialect == "postgresql":
+        # One statement per limit, built once: every value is a named parameter.
+        due = and_(order_at <= _DUE_BY, om.c.next_attempt_at <= NOW)
+        values: dict[str, Any] = {name: _CLAIM_BINDS[name] for name in claim_values}
+        params = {**claim_values, "due_by": now + HEAD_START}
+    else:
+        due = and_(order_at <= now + HEAD_START, om.c.next_attempt_at <= now)
+        values, params = claim_values, {}
     changed = yield from transition(
         Action.CLAIM,
         as_row=message_from_row,
         where=due,
-        values={
-            "claim_token": token,
-            "claimed_by": worker_id,
-            "claimed_at": now,
-            "lease_expires_at": now + lease,
-        },
+        values=values,
         now=now,
         actor=worker_id,
-        order_by=order,
+        order_by=(order_at, om.c.id),
         limit=limit,
         skip_locked=True,
         event=EventSpec(offset=1),
+        cache=("claim", limit),
+        params=params,
     )
     claimed = sorted((c.message for c in changed), key=lambda m: (m.claim_order_at, m.id))
     return Claim(token, (yield from attachments.attached(claimed)))

@@ -13,7 +13,7 @@ none has to remember them.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -163,11 +163,13 @@ def transition(
     skip_locked: bool = False,
     event: EventSpec = EventSpec(),
     as_row: Callable[[Row[Any]], M],
+    cache: Hashable | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> Plan[list[Changed[M]]]:
     """Move the messages matching `where` that `action` allows; record each move and carry
     it over to the verifications that sent them. Rows come back as `as_row` makes them:
     whole Messages (`message_from_row`), or `settled_from_row` summaries (a worker's
-    finalize)."""
+    finalize). `cache` and `params`: see transition.guarded_update."""
     updated = yield from apply_transition(
         MESSAGE_ROWS,
         action,
@@ -180,6 +182,8 @@ def transition(
         skip_locked=skip_locked,
         event=event,
         columns=SETTLED_COLUMNS if as_row is settled_from_row else None,
+        cache=cache,
+        params=params,
     )
     changed = [Changed(as_row(row), Status(previous)) for row, previous in updated]
     yield from verifications.follow_messages(changed, now=now, actor=actor)

@@ -21,7 +21,7 @@ elsewhere by one executemany of one cached INSERT in the same transaction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -29,11 +29,13 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
+    Executable,
     Insert,
     Row,
     String,
     Table,
     and_,
+    bindparam,
     case,
     func,
     insert,
@@ -46,6 +48,7 @@ from sqlalchemy import (
 from mailbag.domain.machine import Machine
 from mailbag.domain.message import ERROR_MAX, truncate_error
 from mailbag.store.plan import Plan, Step, current_dialect
+from mailbag.store.types import UTCDateTime
 
 S = TypeVar("S", bound=StrEnum)
 A = TypeVar("A", bound=StrEnum)
@@ -99,6 +102,8 @@ def guarded_update(
     skip_locked: bool = False,
     log: Callable[[Any], Any] | None = None,
     columns: Sequence[str] | None = None,
+    cache: Hashable | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> Plan[list[tuple[Row[Any], str]]]:
     """Apply `values` to the rows matching `guard`; return (new row, previous state) pairs.
 
@@ -106,8 +111,25 @@ def guarded_update(
     `previous_state`) into an INSERT that runs inside the same statement, so a state change
     and its history are one round trip. Elsewhere the caller writes the history itself.
     `columns` limits what comes back (all of the table's by default).
+
+    `cache`: on PostgreSQL, the statement is built once for this key and reused, its
+    values given by `params` at each run (a claim's statement and its history INSERT
+    cost more to build than the 100 rows it claims cost to read). Only for callers whose
+    guard, values and history carry nothing but named bind parameters besides what the
+    key names: a literal would be frozen into every later run.
     """
     dialect = yield from current_dialect()
+    if dialect == "postgresql":
+        statement = _STATEMENTS.get(cache) if cache is not None else None
+        if statement is None:
+            statement = _postgresql_update(
+                table, state, guard, values, order_by, limit, skip_locked, log, columns
+            )
+            if cache is not None:
+                _STATEMENTS[cache] = statement
+        rows = (yield Step(statement, params)).all()
+        return [(row, row.previous_state) for row in rows]
+
     wanted = [table.c[name] for name in columns] if columns else list(table.c)
     key, state_column = table.c.id, table.c[state]
     candidates = select(key, state_column.label("previous_state")).where(guard)
@@ -115,22 +137,6 @@ def guarded_update(
         candidates = candidates.order_by(*order_by)
     if limit is not None:
         candidates = candidates.limit(limit)
-
-    if dialect == "postgresql":
-        locked = candidates.with_for_update(skip_locked=skip_locked).cte("locked")
-        changed = (
-            update(table)
-            .where(key == locked.c.id)
-            .values(values)
-            .returning(*wanted, locked.c.previous_state)
-        )
-        if log is None:
-            rows = (yield Step(changed)).all()
-        else:
-            updated = changed.cte("updated")
-            statement = select(updated).add_cte(log(updated).cte("logged"))
-            rows = (yield Step(statement)).all()
-        return [(row, row.previous_state) for row in rows]
 
     if dialect == "mysql" and skip_locked and limit is not None:
         picked = yield from _mysql_lockable(table, state, guard, order_by, limit)
@@ -153,6 +159,42 @@ def guarded_update(
         yield Step(guarded)
         rows = (yield Step(select(*wanted).where(key.in_(list(previous))))).all()
     return [(row, previous[row.id]) for row in rows]
+
+
+_STATEMENTS: dict[Hashable, Executable] = {}  # guarded_update's `cache`
+
+
+def _postgresql_update(
+    table: Table,
+    state: str,
+    guard: ColumnElement[bool],
+    values: Mapping[str, Any],
+    order_by: Sequence[ColumnElement[Any]],
+    limit: int | None,
+    skip_locked: bool,
+    log: Callable[[Any], Any] | None,
+    columns: Sequence[str] | None,
+) -> Executable:
+    """`WITH locked AS (SELECT ... FOR UPDATE) UPDATE ... FROM locked RETURNING ...`, and
+    the history INSERT from the changed rows in the same statement when `log` is given."""
+    wanted = [table.c[name] for name in columns] if columns else list(table.c)
+    key = table.c.id
+    candidates = select(key, table.c[state].label("previous_state")).where(guard)
+    if order_by:
+        candidates = candidates.order_by(*order_by)
+    if limit is not None:
+        candidates = candidates.limit(limit)
+    locked = candidates.with_for_update(skip_locked=skip_locked).cte("locked")
+    changed = (
+        update(table)
+        .where(key == locked.c.id)
+        .values(values)
+        .returning(*wanted, locked.c.previous_state)
+    )
+    if log is None:
+        return changed
+    updated = changed.cte("updated")
+    return select(updated).add_cte(log(updated).cte("logged"))
 
 
 @dataclass(frozen=True)
@@ -254,7 +296,12 @@ def history_row(
 
 
 def _history_sql(
-    tracked: Tracked[Any, Any], updated: Any, *, at: datetime, actor: str, event: EventSpec
+    tracked: Tracked[Any, Any],
+    updated: Any,
+    *,
+    at: datetime | ColumnElement[Any],
+    actor: str | ColumnElement[Any],
+    event: EventSpec,
 ) -> Insert:
     """The same history rows, as an INSERT ... SELECT from the changed rows' CTE."""
     h = tracked.history.c
@@ -262,8 +309,8 @@ def _history_sql(
         tracked.subject: updated.c.id,
         f"from_{tracked.state}": updated.c.previous_state,
         f"to_{tracked.state}": updated.c[tracked.state],
-        "at": literal(at, h.at.type),
-        "actor": literal(actor[:200], String()),
+        "at": at if isinstance(at, ColumnElement) else literal(at, h.at.type),
+        "actor": actor if isinstance(actor, ColumnElement) else literal(actor[:200], String()),
         "detail": event.detail_sql(updated, h.detail.type),
         **{column: updated.c[source] for column, source in tracked.copied.items()},
     }
@@ -286,6 +333,11 @@ def _insert_into(table: Table) -> Insert:
     return _INSERTS.setdefault(table.name, insert(table))
 
 
+# A cached statement's time and actor (see apply_transition's `cache`).
+NOW = bindparam("now", type_=UTCDateTime())
+ACTOR = bindparam("actor", type_=String())
+
+
 def apply_transition(
     tracked: Tracked[S, A],
     action: A,
@@ -299,24 +351,35 @@ def apply_transition(
     skip_locked: bool = False,
     event: EventSpec = EventSpec(),
     columns: Sequence[str] | None = None,
+    cache: Hashable | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> Plan[list[tuple[Row[Any], str]]]:
     """Move the rows matching `where` that `action` allows to the action's target, apply
-    `values`, and record each move; return (row as it is now, state it left) pairs."""
+    `values`, and record each move; return (row as it is now, state it left) pairs.
+
+    `cache` and `params`: see `guarded_update`; here the time and actor become the bind
+    parameters `now` and `actor` of a cached statement (the caller's guard and values may
+    use `NOW` too)."""
     dialect = yield from current_dialect()
+    cached = dialect == "postgresql" and cache is not None
+    at: datetime | ColumnElement[Any] = NOW if cached else now
+    by: str | ColumnElement[Any] = ACTOR if cached else actor
     changed = yield from guarded_update(
         tracked.table,
         state=tracked.state,
         guard=and_(tracked.in_states(tracked.machine.sources(action)), where),
-        values={tracked.state: tracked.target_sql(action), "updated_at": now, **values},
+        values={tracked.state: tracked.target_sql(action), "updated_at": at, **values},
         order_by=order_by,
         limit=limit,
         skip_locked=skip_locked,
         log=(
-            (lambda updated: _history_sql(tracked, updated, at=now, actor=actor, event=event))
+            (lambda updated: _history_sql(tracked, updated, at=at, actor=by, event=event))
             if dialect == "postgresql"
             else None
         ),
         columns=columns,
+        cache=(tracked.table.name, action, event, tuple(columns or ()), cache) if cached else None,
+        params={**(params or {}), "now": now, "actor": actor[:200]} if cached else params,
     )
     if changed and dialect != "postgresql":
         yield from record(
