@@ -29,6 +29,7 @@ from mailbag.providers.smtp import (
 )
 from mailbag.settings import Settings
 
+import smtp_server as smtp_server_module
 from helpers import check_full_delivery, full_email, outgoing_email
 from smtp_server import DROP, HANG, PASSWORD, USERNAME, RecordingSMTPServer
 
@@ -40,10 +41,18 @@ WRONG_PASSWORD = "hunter2-not-the-password"
 # --- fixtures (shared ones will move to conftest.py) -------------------------------------
 
 
-@pytest.fixture
-def make_smtp_server() -> Iterator[ServerFactory]:
-    """Start a RecordingSMTPServer with the given options; all are closed after the test."""
+@pytest.fixture(params=["pipelining", "one-by-one"])
+def make_smtp_server(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ServerFactory]:
+    """Start a RecordingSMTPServer with the given options; all are closed after the test.
+
+    Every test runs twice: against a server that offers PIPELINING (aiosmtpd reads commands
+    line by line, so it takes pipelined ones; it just does not say so) and one that does not.
+    """
     started: list[RecordingSMTPServer] = []
+    if request.param == "pipelining":
+        monkeypatch.setattr(smtp_server_module._Handler, "handle_EHLO", _offering_pipelining)
 
     def make(**options: Any) -> RecordingSMTPServer:
         server = RecordingSMTPServer(**options)
@@ -54,6 +63,16 @@ def make_smtp_server() -> Iterator[ServerFactory]:
     yield make
     for server in started:
         server.close()
+
+
+_plain_ehlo = smtp_server_module._Handler.handle_EHLO
+
+
+async def _offering_pipelining(
+    self: Any, server: Any, session: Any, envelope: Any, hostname: str, lines: list[str]
+) -> list[str]:
+    lines = await _plain_ehlo(self, server, session, envelope, hostname, lines)
+    return [*lines[:-1], "250-PIPELINING", lines[-1]]
 
 
 @pytest.fixture

@@ -1,22 +1,26 @@
 """`smtp`: any SMTP relay (Postfix, a smarthost, the SMTP endpoints of SES, Brevo, ...).
 
-A send takes a pooled connection (or opens one: connect, EHLO, STARTTLS, AUTH), then runs
-MAIL FROM, RCPT TO, DATA and the content with its closing "." one step at a time, so every
-failure is known by the phase it happened in. `OUTCOME_TABLE` turns (phase, kind of
-failure) into an outcome; nothing else decides.
+A send takes a pooled connection (or opens one: connect, EHLO, STARTTLS, AUTH, with
+aiosmtplib), then runs the mail transaction on the connection's `Wire` (providers.smtp_wire):
+MAIL FROM, RCPT TO for each recipient and DATA, written together when the server offers
+PIPELINING (RFC 2920) and one at a time when it does not, their replies read in order;
+then the content with its closing ".". Every failure is known by the phase it happened in
+(the reply it came with, when pipelined). `OUTCOME_TABLE` turns (phase, kind of failure)
+into an outcome; nothing else decides.
 
 The line that matters: once the content's closing "." may have left, only the server's
 final reply says what happened. A timeout or a lost connection while waiting for that
 reply is Ambiguous: the server may have queued the message, and SMTP has no idempotency
 key (`idempotency_window` is None), so mailbag marks it `unknown` and never resends it
-blindly. Every failure before that point is known not to have delivered anything.
+blindly. Every failure before that point is known not to have delivered anything: the
+content is written only after the server's 354 to DATA, pipelined or not.
 
 Connections: at most `concurrency` are open at once (in use plus idle), opened lazily and
 reused newest first. A connection that failed below the reply level (timeout, reset, TLS
-error) is closed, never reused. One that got a refusal reply is kept and reset (RSET)
-before its next use. A reused connection that turns out dead at MAIL FROM (the server
-closed it while it sat idle) is replaced and the message tried once more on a fresh
-connection: nothing of it had been sent.
+error) or whose replies are out of step is closed, never reused. One that got a refusal
+reply is kept and reset (RSET) before its next use. A reused connection that turns out
+dead at MAIL FROM (the server closed it while it sat idle) is replaced and the message
+tried once more on a fresh connection: nothing of it had been sent.
 
 TLS (SMTP_TLS): `implicit` speaks TLS from the first byte (port 465); `starttls` requires
 STARTTLS and refuses to go on without it; `auto` upgrades when the server offers STARTTLS;
@@ -45,14 +49,15 @@ from aiosmtplib import (
     SMTPHeloError,
     SMTPResponse,
     SMTPResponseException,
-    SMTPServerDisconnected,
 )
+from aiosmtplib.email import quote_address
 
 from mailbag.compose import OutgoingEmail
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
 from mailbag.providers import register
 from mailbag.providers.base import SendOneByOne
 from mailbag.providers.kit import OutcomeClass, describe, envelope_address, failure_outcome, scrub
+from mailbag.providers.smtp_wire import Wire
 
 if TYPE_CHECKING:
     from mailbag.settings import Settings, TLSMode
@@ -229,6 +234,8 @@ class Envelope:
     recipients: tuple[str, ...]  # To, Cc and Bcc: Bcc travels only here
     content: bytes
     needs_smtputf8: bool
+    mail_from: bytes  # "MAIL FROM:<sender>", without its options (they depend on the server)
+    rcpt_to: tuple[bytes, ...]  # "RCPT TO:<recipient>\r\n" for each recipient
 
     @classmethod
     def of(cls, email: OutgoingEmail) -> Envelope:
@@ -238,7 +245,11 @@ class Envelope:
         # too), needs SMTPUTF8, and the headers in UTF-8 (RFC 6532).
         needs_smtputf8 = email.needs_smtputf8
         content = email.raw_utf8 if needs_smtputf8 else email.raw
-        return cls(sender, recipients, _dot_stuffed(content), needs_smtputf8)
+        encoding = "utf-8" if needs_smtputf8 else "ascii"
+        # quote_address refuses what could smuggle parameters or commands into the line.
+        mail_from = f"MAIL FROM:{quote_address(sender)}".encode(encoding)
+        rcpt_to = tuple(f"RCPT TO:{quote_address(r)}\r\n".encode(encoding) for r in recipients)
+        return cls(sender, recipients, _dot_stuffed(content), needs_smtputf8, mail_from, rcpt_to)
 
 
 class Delivered(NamedTuple):
@@ -251,7 +262,13 @@ class Delivered(NamedTuple):
 
 @dataclass(eq=False)
 class Connection:
-    client: SMTP
+    """A session ready for mail transactions, and what its server offered at EHLO."""
+
+    wire: Wire
+    loop: asyncio.AbstractEventLoop  # the event loop its transport belongs to
+    pipelining: bool = False
+    size: bool = False
+    smtputf8: bool = False
     reused: bool = False  # it carried a transaction before this one
     needs_reset: bool = False  # its last transaction ended in a refusal: RSET before reuse
 
@@ -340,46 +357,82 @@ class SMTPProvider(SendOneByOne):
     async def _transact(self, connection: Connection, envelope: Envelope) -> Delivered:
         """One mail transaction; hands the connection back to the pool or closes it."""
         try:
-            delivered = await self._deliver(connection.client, envelope)
+            delivered = await self._deliver(connection, envelope)
         except StepFailed as failed:
             connection.needs_reset = True
             self._checkin(connection, healthy=failed.is_reply)
             raise
         except BaseException:  # cancelled mid-conversation: its state is unknown
-            connection.client.close()
+            connection.wire.close()
             raise
         self._checkin(connection, healthy=True)
         return delivered
 
-    async def _deliver(self, client: SMTP, envelope: Envelope) -> Delivered:
+    async def _deliver(self, connection: Connection, envelope: Envelope) -> Delivered:
         """MAIL FROM, RCPT TO for each recipient, DATA, content: the final reply, or
         StepFailed naming the phase. Recipients the server refuses are left out while it
-        takes at least one; if it refuses them all, that is the RCPT TO failure."""
+        takes at least one; if it refuses them all, that is the RCPT TO failure.
+
+        With PIPELINING the three commands leave in one write and their replies are read
+        in order, each mapped to its own phase; a refusal still reads the replies that
+        follow it, so the session stays in step. Without it, each waits for its reply and
+        DATA is not sent when every recipient was refused."""
+        wire, timeout = connection.wire, self._timeout
         phase = Phase.MAIL
         try:
-            options = []
+            mail = envelope.mail_from
             if envelope.needs_smtputf8:
-                if not client.supports_extension("smtputf8"):
+                if not connection.smtputf8:
                     raise StepFailed(
                         phase,
                         Failure.NOT_OFFERED,
                         "an address needs SMTPUTF8, which the server does not offer",
                     )
-                options.append("SMTPUTF8")
-            if client.supports_extension("size"):
-                options.append(f"SIZE={len(envelope.content)}")
-            encoding = "utf-8" if envelope.needs_smtputf8 else "ascii"
-            await client.mail(envelope.sender, options=options, encoding=encoding)
+                mail += b" SMTPUTF8"
+            if connection.size:
+                mail += b" SIZE=%d" % len(envelope.content)
+            mail += b"\r\n"
+            if connection.pipelining:
+                wire.write(b"".join((mail, *envelope.rcpt_to, b"DATA\r\n")))
+                answers = len(envelope.rcpt_to) + 2
+            else:
+                wire.write(mail)
+                answers = 1
+            reply = await wire.reply(timeout)
+            answers -= 1
+            if reply.code != REPLY_COMPLETED:
+                await _skip(wire, answers, reply, timeout)
+                raise SMTPResponseException(reply.code, reply.message)
             phase = Phase.RCPT
-            refused = await _recipients(client, envelope.recipients, encoding)
+            replies = []
+            for command in envelope.rcpt_to:
+                if not connection.pipelining:
+                    wire.write(command)
+                    answers += 1
+                reply = await wire.reply(timeout)
+                answers -= 1
+                if reply.code == REPLY_SERVICE_CLOSING:
+                    wire.close()  # the session is over, not just this recipient
+                    raise SMTPResponseException(reply.code, reply.message)
+                replies.append(reply)
+            if connection.pipelining:
+                start = await wire.reply(timeout)  # DATA's, in turn
+                answers -= 1
+                if start.code == REPLY_START_INPUT and REPLY_COMPLETED not in {
+                    r.code for r in replies
+                }:
+                    wire.close()  # it waits for content no one should get: end the session
+            refused = _refusals(envelope.recipients, replies)  # raises if all were refused
             phase = Phase.DATA
-            start = await client.execute_command(b"DATA")
+            if not connection.pipelining:
+                wire.write(b"DATA\r\n")
+                start = await wire.reply(timeout)
             if start.code != REPLY_START_INPUT:
                 raise SMTPResponseException(start.code, start.message)
-            _write_content(client, envelope.content)
+            wire.write(envelope.content)
             # From here on the server may end up with the message, whatever happens next.
             phase = Phase.CONTENT
-            final = await _final_reply(client, self._timeout)
+            final = await _final_reply(wire, timeout)
             if final.code != REPLY_COMPLETED:
                 raise SMTPResponseException(final.code, final.message)
             return Delivered(final, refused)
@@ -401,30 +454,30 @@ class SMTPProvider(SendOneByOne):
         """An idle connection that still looks alive, or a new one. Call holding a slot."""
         while self._idle:
             connection = self._idle.pop()
-            if connection.client.loop is not asyncio.get_running_loop():
+            if connection.loop is not asyncio.get_running_loop():
                 continue  # opened under an event loop that has since ended: unusable here
-            if not connection.client.is_connected:  # the server hung up while it sat idle
-                connection.client.close()
+            if not connection.wire.is_connected:  # the server hung up while it sat idle
+                connection.wire.close()
                 continue
             if connection.needs_reset:
                 try:
-                    await connection.client.rset()
+                    await _reset(connection.wire, self._timeout)
                 except Exception:  # before MAIL FROM: just take another connection
-                    connection.client.close()
+                    connection.wire.close()
                     continue
                 except BaseException:
-                    connection.client.close()
+                    connection.wire.close()
                     raise
                 connection.needs_reset = False
             return connection
         return await self._open()
 
     def _checkin(self, connection: Connection, *, healthy: bool) -> None:
-        if healthy and not self._closed and connection.client.is_connected:
+        if healthy and not self._closed and connection.wire.is_connected:
             connection.reused = True
             self._idle.append(connection)
         else:
-            connection.client.close()
+            connection.wire.close()
 
     async def _open(self) -> Connection:
         """Connect, greet, upgrade to TLS and log in, as configured."""
@@ -465,7 +518,7 @@ class SMTPProvider(SendOneByOne):
             if isinstance(exc, Exception):
                 raise StepFailed.from_exception(phase, exc) from exc
             raise
-        return Connection(client)
+        return _hand_over(client)
 
     async def _authenticate(self, client: SMTP) -> None:
         assert self._username is not None
@@ -504,7 +557,7 @@ class SMTPProvider(SendOneByOne):
         """QUIT every idle connection; in-flight ones are closed when they come back."""
         self._closed = True
         idle, self._idle = self._idle, []
-        await asyncio.gather(*(_quit(connection.client) for connection in idle))
+        await asyncio.gather(*(_quit(connection) for connection in idle))
 
 
 register("smtp")(SMTPProvider.from_settings)
@@ -525,6 +578,24 @@ def _tls_context(mode: TLSMode, verify: bool, ca_file: Path | None) -> ssl.SSLCo
     return context
 
 
+def _hand_over(client: SMTP) -> Connection:
+    """The session aiosmtplib set up, its transport now read and written by a Wire."""
+    transport = client.protocol.transport if client.protocol is not None else None
+    if not isinstance(transport, asyncio.Transport) or transport.is_closing():
+        client.close()
+        raise StepFailed(Phase.EHLO, Failure.NETWORK, "the connection closed during setup")
+    wire = Wire()
+    transport.set_protocol(wire)
+    wire.connection_made(transport)
+    return Connection(
+        wire,
+        asyncio.get_running_loop(),
+        pipelining=client.supports_extension("pipelining"),
+        size=client.supports_extension("size"),
+        smtputf8=client.supports_extension("smtputf8"),
+    )
+
+
 async def _greet(client: SMTP) -> None:
     """EHLO, falling back to HELO for servers that only speak plain SMTP."""
     try:
@@ -535,18 +606,28 @@ async def _greet(client: SMTP) -> None:
         await client.helo()
 
 
-async def _recipients(client: SMTP, recipients: Sequence[str], encoding: str) -> tuple[str, ...]:
-    """RCPT TO for each recipient, in one transaction. Returns the refused ones ("address:
-    reply") when the server took some; raises when it took none: the one refusal as it is,
-    or for several the most hopeful (530 before 4xx before 5xx) with every reply in it."""
-    refusals: list[tuple[str, SMTPResponseException]] = []
-    for recipient in recipients:
-        try:
-            await client.rcpt(recipient, encoding=encoding)
-        except SMTPResponseException as exc:
-            if exc.code == REPLY_SERVICE_CLOSING or not client.is_connected:
-                raise  # the session is over, not just this recipient
-            refusals.append((recipient, exc))
+async def _skip(wire: Wire, count: int, refusal: SMTPResponse, wait: float) -> None:
+    """Read the COUNT pipelined replies that follow a refused MAIL FROM (the server answers
+    every command, 503 "need MAIL command" for the rest), so the next transaction on this
+    session reads its own replies. When the session cannot be put back in step, close it."""
+    if refusal.code == REPLY_SERVICE_CLOSING:
+        wire.close()
+        return
+    try:
+        await wire.replies(count, wait)
+    except Exception:
+        wire.close()
+
+
+def _refusals(recipients: Sequence[str], replies: Sequence[SMTPResponse]) -> tuple[str, ...]:
+    """The recipients refused at RCPT TO ("address: reply") when the server took some;
+    raises when it took none: the one refusal as it is, or for several the most hopeful
+    (530 before 4xx before 5xx) with every reply in it."""
+    refusals = [
+        (recipient, SMTPResponseException(reply.code, reply.message))
+        for recipient, reply in zip(recipients, replies, strict=True)
+        if reply.code != REPLY_COMPLETED
+    ]
     texts = tuple(f"{recipient}: {_detail(exc)}" for recipient, exc in refusals)
     if len(refusals) < len(recipients):
         return texts
@@ -561,37 +642,30 @@ async def _recipients(client: SMTP, recipients: Sequence[str], encoding: str) ->
     raise SMTPResponseException(code, "every recipient refused: " + "; ".join(texts))
 
 
-# aiosmtplib's `data()` sends the DATA command and the content in one call, so a failure
-# inside it cannot tell "the server never saw the message" from "the server may have queued
-# it". We send DATA ourselves and use the protocol's own write and read for the content.
-
-
-def _write_content(client: SMTP, content: bytes) -> None:
-    """Hand the dot-stuffed content to the transport. Raises only if none of it was sent."""
-    protocol = client.protocol
-    if protocol is None:
-        raise SMTPServerDisconnected("Connection lost")
-    protocol.write(content)  # checks the connection before writing a single byte
-
-
-async def _final_reply(client: SMTP, reply_wait: float) -> SMTPResponse:
-    protocol = client.protocol
+async def _final_reply(wire: Wire, reply_wait: float) -> SMTPResponse:
     try:
-        if protocol is None:
-            raise SMTPServerDisconnected("Connection lost")
-        return await protocol.read_response(timeout=reply_wait)
+        return await wire.reply(reply_wait)
     except BaseException:
-        client.close()  # a reply read late would be taken for the next command's
+        wire.close()  # a reply read late would be taken for the next command's
         raise
 
 
-async def _quit(client: SMTP) -> None:
+async def _reset(wire: Wire, wait: float) -> None:
+    wire.write(b"RSET\r\n")
+    reply = await wire.reply(wait)
+    if reply.code != REPLY_COMPLETED:
+        raise SMTPResponseException(reply.code, reply.message)
+
+
+async def _quit(connection: Connection) -> None:
+    wire = connection.wire
     try:
-        await asyncio.wait_for(client.quit(), QUIT_TIMEOUT)
+        wire.write(b"QUIT\r\n")
+        await wire.reply(QUIT_TIMEOUT)
     except Exception as exc:  # a goodbye that fails changes nothing
         log.debug("smtp: QUIT failed: %s", describe(exc))
     finally:
-        client.close()
+        wire.close()
 
 
 def _dot_stuffed(content: bytes) -> bytes:
