@@ -15,13 +15,10 @@ from sqlalchemy import (
     Uuid,
     any_,
     bindparam,
-    exists,
     func,
-    insert,
-    literal_column,
     select,
+    text,
 )
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from mailbag.domain.content import Attachment, head_start
 from mailbag.domain.hooks import HookEvent
@@ -292,52 +289,83 @@ def takes_first_use(m: NewMessage) -> bool:
     )
 
 
-def _first_use_statement() -> Any:
-    def params(table: Any, prefix: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-        return {
-            c.name: bindparam(f"{prefix}{c.name}", type_=c.type)
-            for c in table.columns
-            if c.name not in skip and not c.computed
-        }
+# What a first use writes of a message: every column but those a new message leaves NULL
+# (claim, lease, provider, sending); the statement stays short and under psycopg's limits
+# for caching its parsed form (4,096 characters, 50 parameters).
+_FIRST_USE_COLUMNS = (
+    "id",
+    "tenant_id",
+    "idempotency_key",
+    "to_address",
+    "to_name",
+    "subject",
+    "template_name",
+    "template_data",
+    "headers",
+    "tags",
+    "metadata",
+    "status",
+    "attempt_count",
+    "max_attempts",
+    "next_attempt_at",
+    "created_at",
+    "updated_at",
+    "last_error",
+    "carried",
+    "expires_at",
+    "priority",
+    "claim_order_at",
+    "attachment_count",
+)
+# The same value under one name: the tenant, the key and the time appear in several rows.
+_SHARED = {
+    "tenant_id": "tenant",
+    "idempotency_key": "key",
+    "created_at": "now",
+    "updated_at": "now",
+}
+_LEFT_NULL = tuple(c for c in om.c.keys() if c not in _FIRST_USE_COLUMNS)  # noqa: SIM118
+_RECORD_COLUMNS = ("operation", "fingerprint", "resource_id", "response_status", "response_body")
+# Built from the constant column names above only; every value is a bound parameter.
+_FIRST_USE_SQL = f"""
+WITH blocked AS (
+    SELECT 1 FROM suppressions WHERE tenant_id = :tenant AND email = :blocked_email
+), took AS (
+    INSERT INTO idempotency_records (tenant_id, idempotency_key, created_at, expires_at,
+        {", ".join(_RECORD_COLUMNS)})
+    SELECT :tenant, :key, :now, :record_expires_at, {", ".join(f":{c}" for c in _RECORD_COLUMNS)}
+    WHERE NOT EXISTS (SELECT 1 FROM blocked)
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING id
+), made AS (
+    INSERT INTO outbox_messages ({", ".join(_FIRST_USE_COLUMNS)})
+    SELECT {", ".join(f":{_SHARED.get(c, c)}" for c in _FIRST_USE_COLUMNS)} FROM took
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING id, status
+), history AS (
+    INSERT INTO message_events (message_id, to_status, at, actor, attempt, detail)
+    SELECT id, status, :now, :event_actor, :event_attempt, :event_detail FROM made
+    RETURNING 1
+)
+SELECT
+    (SELECT count(*) FROM took) AS took,
+    (SELECT count(*) FROM made) AS made,
+    (SELECT count(*) FROM history) AS history,
+    (SELECT pg_notify('{NOTIFY_CHANNEL}', '') FROM made) AS notified
+"""  # noqa: S608
 
-    blocked = (
-        select(literal_column("1").label("one"))
-        .where(
-            suppressions.c.tenant_id == bindparam("blocked_tenant"),
-            suppressions.c.email == bindparam("blocked_email"),
-        )
-        .cte("blocked")
-    )
-    record = params(idempotency_records, "r_", skip=("id",))
-    took = (
-        pg_insert(idempotency_records)
-        .from_select(list(record), select(*record.values()).where(~exists(select(blocked.c.one))))
-        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-        .returning(idempotency_records.c.id)
-        .cte("took")
-    )
-    row = params(om, "m_")
-    made = (
-        pg_insert(om)
-        .from_select(list(row), select(*row.values()).select_from(took))
-        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-        .returning(om.c.id)
-        .cte("made")
-    )
-    event = params(message_events, "e_", skip=("id", "message_id"))
-    history = (
-        insert(message_events)
-        .from_select(["message_id", *event], select(made.c.id, *event.values()))
-        .returning(message_events.c.id)
-        .cte("history")
-    )
-    count = func.count
-    return select(
-        select(count()).select_from(took).scalar_subquery().label("took"),
-        select(count()).select_from(made).scalar_subquery().label("made"),
-        select(count()).select_from(history).scalar_subquery().label("history"),
-        select(func.pg_notify(NOTIFY_CHANNEL, "")).select_from(made).scalar_subquery(),
-    )
+
+def _first_use_statement() -> Any:
+    types = {
+        **{_SHARED.get(c, c): om.c[c].type for c in _FIRST_USE_COLUMNS},
+        **{c: idempotency_records.c[c].type for c in _RECORD_COLUMNS},
+        "record_expires_at": idempotency_records.c.expires_at.type,
+        "blocked_email": suppressions.c.email.type,
+        "event_actor": message_events.c.actor.type,
+        "event_attempt": message_events.c.attempt.type,
+        "event_detail": message_events.c.detail.type,
+    }
+    return text(_FIRST_USE_SQL).bindparams(*(bindparam(k, type_=t) for k, t in types.items()))
 
 
 _FIRST_USE: list[Any] = []  # built once: SQLAlchemy then reuses its compiled form
@@ -351,16 +379,19 @@ def enqueue_first_use(
     that may be kept; the caller rolls back and takes the readable path."""
     if (yield from current_dialect()) != "postgresql":
         return False  # the readable path is every database's
+    event = history_row(MESSAGE_ROWS, row, None, at=now, actor=actor, event=LAST_ERROR)
+    if event["provider_message_id"] is not None or any(row.get(c) is not None for c in _LEFT_NULL):
+        return False  # a column the statement leaves NULL is set: not a plain first use
     if not _FIRST_USE:
         _FIRST_USE.append(_first_use_statement())
-    event = history_row(MESSAGE_ROWS, row, None, at=now, actor=actor, event=LAST_ERROR)
-    event.pop("message_id")
-    values = {
-        **{f"m_{k}": v for k, v in row.items()},
-        **{f"r_{k}": v for k, v in record.items()},
-        **{f"e_{k}": v for k, v in event.items()},
-        "blocked_tenant": row["tenant_id"],
-        "blocked_email": row["to_address"].lower(),
-    }
+    values = {_SHARED.get(c, c): row[c] for c in _FIRST_USE_COLUMNS}
+    values.update({c: record[c] for c in _RECORD_COLUMNS})
+    values.update(
+        record_expires_at=record["expires_at"],
+        blocked_email=row["to_address"].lower(),
+        event_actor=event["actor"],
+        event_attempt=event["attempt"],
+        event_detail=event["detail"],
+    )
     answer = (yield Step(_FIRST_USE[0], values)).one()
     return bool(answer.took == answer.made == answer.history == 1)
