@@ -6,7 +6,7 @@
 -- step 1
 SELECT outbox_messages.id, outbox_messages.status AS previous_state
 FROM outbox_messages
-WHERE outbox_messages.status IN ('processing') AND outbox_messages.id IN (:id_1_1) AND outbox_messages.claim_token = :claim_token_1 FOR UPDATE;
+WHERE outbox_messages.status IN ('processing') AND outbox_messages.id IN (:id_1_1) AND outbox_messages.claim_token = :param_1 FOR UPDATE;
 
 -- step 2
 UPDATE outbox_messages SET status='sent', attempt_count=(outbox_messages.attempt_count + :attempt_count_1), updated_at=:updated_at, claim_token=:claim_token, claimed_by=:claimed_by, claimed_at=:claimed_at, lease_expires_at=:lease_expires_at, provider=:provider, provider_message_id=:provider_message_id, last_error=:last_error, sent_at=:sent_at, ambiguous_since=:ambiguous_since WHERE outbox_messages.id IN (:id_1_1);
@@ -43,7 +43,7 @@ WHERE hook_endpoints.tenant_id IN (:tenant_id_1_1) AND hook_endpoints.enabled = 
 -- step 10
 SELECT outbox_messages.id, outbox_messages.status AS previous_state
 FROM outbox_messages
-WHERE outbox_messages.status IN ('processing') AND outbox_messages.id IN (:id_1_1) AND outbox_messages.claim_token = :claim_token_1 FOR UPDATE;
+WHERE outbox_messages.status IN ('processing') AND outbox_messages.id IN (:id_1_1) AND outbox_messages.claim_token = :param_1 FOR UPDATE;
 
 -- step 11
 UPDATE outbox_messages SET status='retrying', attempt_count=(outbox_messages.attempt_count + :attempt_count_1), next_attempt_at=:next_attempt_at, updated_at=:updated_at, claim_token=:claim_token, claimed_by=:claimed_by, claimed_at=:claimed_at, lease_expires_at=:lease_expires_at, provider=:provider, last_error=:last_error, ambiguous_since=:ambiguous_since, claim_order_at=CASE outbox_messages.priority WHEN :param_1 THEN :param_2 WHEN :param_3 THEN :param_4 ELSE :param_5 END WHERE outbox_messages.id IN (:id_1_1);

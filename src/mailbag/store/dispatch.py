@@ -193,17 +193,22 @@ def finalize(
     dialect = yield from current_dialect()
     changed: list[Changed[Settled]] = []
     for (action, keep_attempt), group in groups.items():
-        rows = PerRow(list(group), arrays=dialect == "postgresql")
+        rows = PerRow(list(group), arrays=dialect == "postgresql", now=now)
         values = _finalize_values(action, keep_attempt, group, now, provider, rows)
+        ours = om.c.claim_token == rows.bind("token", token, om.c.claim_token.type)
         changed += yield from transition(
             action,
             as_row=settled_from_row,
-            where=and_(rows.match(), om.c.claim_token == token),
+            where=and_(rows.match(), ours),
             values=values,
             now=now,
             actor=actor,
             event=_FINALIZE_EVENTS.get(action)
             or (EventSpec(offset=1, column="last_error") if keep_attempt else LAST_ERROR),
+            # On PostgreSQL every value is a named parameter (PerRow): one statement per
+            # kind of decision, built once.
+            cache=("finalize", action, keep_attempt) if rows.arrays else None,
+            params=rows.params,
         )
     done = {c.message.id for c in changed}
     return Finalized(changed, [message_id for message_id in decisions if message_id not in done])
@@ -225,32 +230,36 @@ def _finalize_values(
     if action is Action.RELEASE:
         return values
     errors = [truncate_error(d.error) for d in group.values()]
+    last_error = rows.value("last_error", errors, om.c.last_error.type)
     if action is Action.LAPSE:
-        values.update(last_error=rows.value(errors, om.c.last_error.type), ambiguous_since=None)
+        values.update(last_error=last_error, ambiguous_since=None)
         return values
-    values["provider"] = provider
+    values["provider"] = rows.bind("provider", provider, om.c.provider.type)
     provider_ids = [d.provider_message_id for d in group.values()]
+    kept_provider_id = om.c.provider_message_id
     if action is Action.MARK_SENT:
         values.update(
-            sent_at=now,
+            sent_at=rows.now,
             ambiguous_since=None,
-            last_error=rows.value(errors, om.c.last_error.type),
+            last_error=last_error,
             provider_message_id=rows.value(
-                provider_ids, om.c.provider_message_id.type, om.c.provider_message_id
+                "provider_message_id", provider_ids, kept_provider_id.type, kept_provider_id
             ),
         )
         return values
-    values["last_error"] = rows.value(errors, om.c.last_error.type)
+    values["last_error"] = last_error
     if action is Action.MARK_UNKNOWN:
         values["provider_message_id"] = rows.value(
-            provider_ids, om.c.provider_message_id.type, om.c.provider_message_id
+            "provider_message_id", provider_ids, kept_provider_id.type, kept_provider_id
         )
     if action is Action.RETRY:
         next_at = [d.next_attempt_at or now for d in group.values()]
-        values["next_attempt_at"] = rows.value(next_at, UTCDateTime())
+        values["next_attempt_at"] = rows.value("next_attempt_at", next_at, UTCDateTime())
         values["claim_order_at"] = claim_order(next_at, rows)
         since = [d.ambiguous_since for d in group.values()]
-        values["ambiguous_since"] = rows.value(since, UTCDateTime()) if keep_attempt else None
+        values["ambiguous_since"] = (
+            rows.value("ambiguous_since", since, UTCDateTime()) if keep_attempt else None
+        )
     elif action is not Action.MARK_UNKNOWN:
         values["ambiguous_since"] = None
     return values
@@ -260,42 +269,53 @@ class PerRow:
     """Per-row values in one set-based UPDATE of the rows `ids`: each `value` takes one
     value per id, in the order of `ids`.
 
-    On PostgreSQL the ids and each column's values go as two array parameters (the row's
-    value is `(values)[array_position(ids, id)]`), so the statement's text is the same for
-    every batch: SQLAlchemy compiles it once and psycopg prepares it once. Elsewhere a
-    `CASE id WHEN ... THEN ... END` and an IN list."""
+    On PostgreSQL (`arrays`) every value is a named parameter, gathered in `params`: the
+    ids and each column's values go as arrays (the row's value is
+    `(values)[array_position(ids, id)]`), so the statement is the same for every batch of
+    the same kind of decision: built and compiled once, prepared once by psycopg.
+    Elsewhere literals: a `CASE id WHEN ... THEN ... END` and an IN list."""
 
-    def __init__(self, ids: list[uuid.UUID], *, arrays: bool) -> None:
+    def __init__(self, ids: list[uuid.UUID], *, arrays: bool, now: datetime) -> None:
         self.ids, self.arrays = ids, arrays
+        self.params: dict[str, Any] = {}
+        self.now: Any = NOW if arrays else now  # apply_transition gives NOW its value
         if arrays:
-            self._ids = _array(ids, om.c.id.type)
+            self._ids = _array("ids", ids, om.c.id.type, self.params)
             self._position = func.array_position(self._ids, om.c.id)
 
     def match(self) -> ColumnElement[bool]:
         """The rows of `ids`."""
         return om.c.id == any_(self._ids) if self.arrays else om.c.id.in_(self.ids)
 
-    def value(self, values: Sequence[Any], type_: Any, keep: Any = None) -> Any:
+    def bind(self, name: str, value: Any, type_: Any) -> ColumnElement[Any]:
+        """One value for every row."""
+        if not self.arrays:
+            return literal(value, type_)
+        self.params[name] = value
+        return bindparam(name, type_=type_)
+
+    def value(self, name: str, values: Sequence[Any], type_: Any, keep: Any = None) -> Any:
         """Each row's value; a row whose value is None keeps `keep` (the column's current
         value) when it is given."""
-        distinct = {repr(value) for value in values}
-        if len(distinct) == 1:  # the usual case: one value for the whole batch
+        if self.arrays:
+            picked = Grouping(_array(name, list(values), type_, self.params))[self._position]
+            return picked if keep is None else func.coalesce(picked, keep)
+        if len({repr(value) for value in values}) == 1:  # one value for the whole batch
             if keep is not None and values[0] is None:
                 return keep
             return literal(values[0], type_)
-        if self.arrays:
-            picked = Grouping(_array(list(values), type_))[self._position]
-            return picked if keep is None else func.coalesce(picked, keep)
-        pairs = {
-            i: v for i, v in zip(self.ids, values, strict=True) if keep is None or v is not None
+        whens = {
+            key: literal(value, type_)
+            for key, value in zip(self.ids, values, strict=True)
+            if keep is None or value is not None
         }
-        whens = {key: literal(value, type_) for key, value in pairs.items()}
         return case(whens, value=om.c.id, else_=keep if keep is not None else literal(None, type_))
 
 
-def _array(values: list[Any], type_: Any) -> ColumnElement[Any]:
+def _array(name: str, values: list[Any], type_: Any, params: dict[str, Any]) -> ColumnElement[Any]:
     array_type = ARRAY(type_)
-    return cast(bindparam(None, values, type_=array_type), array_type)
+    params[name] = values
+    return cast(bindparam(name, type_=array_type), array_type)
 
 
 def claim_order(
@@ -307,7 +327,11 @@ def claim_order(
         level: (
             literal(due - head_start(level), UTCDateTime())
             if isinstance(due, datetime)
-            else _rows(rows).value([at - head_start(level) for at in due], UTCDateTime())
+            else _rows(rows).value(
+                f"claim_order_{level.name.lower()}",
+                [at - head_start(level) for at in due],
+                UTCDateTime(),
+            )
         )
         for level in Priority
     }
