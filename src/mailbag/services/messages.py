@@ -8,6 +8,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from mailbag import wakeup
 from mailbag.domain.content import Priority
 from mailbag.domain.message import Filter, Message, NewMessage
 from mailbag.domain.states import Status
@@ -20,17 +21,13 @@ from mailbag.store import idempotency as idempotency_store
 from mailbag.store import messages as store
 from mailbag.store import operator
 from mailbag.store.enqueue import Enqueued, takes_first_use
-from mailbag.store.session import AsyncDatabase, AsyncSession
+from mailbag.store.session import AsyncDatabase, AsyncSession, Conflict
 
 if TYPE_CHECKING:  # engines are handed in, never made here
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 ACTOR = "api"
 MAX_PAGE = 100
-
-
-class _NotFirstUse(Exception):
-    """The one-statement path kept nothing: roll back and take the readable one."""
 
 
 class MessageNotFound(Exception):
@@ -186,7 +183,7 @@ class Messages:
         self, key: str, message: NewMessage, request_fingerprint: str, now: datetime, ttl: timedelta
     ) -> Response | None:
         """PostgreSQL, a key's first use: record, message and history in one statement
-        (store.enqueue.enqueue_first_use). None: nothing was kept (the key is in use, the
+        (store.enqueue.enqueue_first_use). None: nothing was written (the key is in use, the
         recipient suppressed, ...); the readable path decides that case."""
         row = enqueue_store.first_use_row(message, now, self.settings.max_attempts)
         made = enqueue_store.first_use_message(row, message)
@@ -202,18 +199,19 @@ class Messages:
             status=response.status,
             body=response.body,
         )
-        try:
-            async with self.db.transaction() as tx:
-                if not await tx.run(
+        # One statement is a transaction by itself: no BEGIN and COMMIT round trips.
+        async with self.db.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                kept = await AsyncSession(conn).run(
                     enqueue_store.enqueue_first_use(row, record, now=now, actor=ACTOR)
-                ):
-                    raise _NotFirstUse
-                outbox_service.created(
-                    [Enqueued(made, True)],
-                    tx.connection.sync_connection,  # type: ignore[arg-type]
                 )
-        except _NotFirstUse:
-            return None  # rolled back: nothing of it was kept
+            except Conflict:
+                kept = False  # a message without a record holds the key
+        if not kept:
+            return None
+        outbox_service.count_created([Enqueued(made, True)])
+        wakeup.notify()  # committed already
         return response
 
     async def get(self, *, tenant_id: str, message_id: uuid.UUID) -> dict[str, Any]:

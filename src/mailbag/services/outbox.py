@@ -50,11 +50,15 @@ def _plan(
     )
 
 
-def created(results: list[Enqueued], conn: Connection) -> list[Enqueued]:
-    """Count what was created and wake the workers once the caller commits it."""
+def count_created(results: list[Enqueued]) -> None:
     for result in results:
         if result.created:
             metrics.ENQUEUED.labels(metrics.template_label(result.message.template_name)).inc()
+
+
+def _enqueued(results: list[Enqueued], conn: Connection) -> list[Enqueued]:
+    """Count what was created and wake the workers once the caller commits it."""
+    count_created(results)
     if any(r.created for r in results):
         wakeup.notify_after_commit(conn)
     return results
@@ -69,7 +73,7 @@ def enqueue_many(
     now: datetime | None = None,
 ) -> list[Enqueued]:
     results = Session(conn).run(_plan(messages, max_attempts, actor, now))
-    return created(results, conn)
+    return _enqueued(results, conn)
 
 
 async def enqueue_many_async(
@@ -81,7 +85,7 @@ async def enqueue_many_async(
     now: datetime | None = None,
 ) -> list[Enqueued]:
     results = await AsyncSession(conn).run(_plan(messages, max_attempts, actor, now))
-    return created(results, conn.sync_connection)  # type: ignore[arg-type]
+    return _enqueued(results, conn.sync_connection)  # type: ignore[arg-type]
 
 
 def enqueue(

@@ -253,20 +253,21 @@ def _new_row(
 # POST /v1/messages with a key, on PostgreSQL, in its common case (one recipient, no explicit
 # `from`, no attachments): the idempotency record (response included), the message and its
 # history row go in with ONE statement of data-modifying CTEs, where the readable path
-# (services.idempotency.execute + enqueue) makes about nine round trips. Each part depends on
-# the one before, so the statement writes all or nothing of them:
+# (services.idempotency.execute + enqueue) makes about nine round trips. One statement is
+# atomic by itself, so it runs without BEGIN/COMMIT (autocommit): one round trip. Each part
+# depends on the one before:
 #
 #   blocked: the recipient is on the tenant's suppression list (then nothing is written);
 #   took:    INSERT the record ... ON CONFLICT (tenant, key) DO NOTHING: a record holding the
 #            key (live, expired, or being written by a racing request, which the INSERT waits
-#            for) makes this empty;
-#   made:    INSERT the message FROM took ... ON CONFLICT (tenant, key) DO NOTHING;
-#   history: INSERT its creation row FROM made; and pg_notify at commit, FROM made.
+#            for) makes this empty, and nothing else is written;
+#   made:    INSERT the message FROM took: a message that holds the key without a record (an
+#            application enqueued it) fails the unique index, and the whole statement with it;
+#   history: INSERT its creation row FROM made; and pg_notify (delivered at commit) FROM made.
 #
-# The statement answers how many rows `took` and `made` wrote. Anything but (1, 1) means an
-# unusual case (a replay, a 409, an expired record, a suppressed recipient, a message that
-# holds the key without a record): the caller rolls back and takes the readable path, which
-# decides it exactly as before. So the fast path never decides a conflict itself.
+# Anything but a written message (a replay, a 409, an expired record, a suppressed
+# recipient, the unique-index error) has written nothing: the caller takes the readable
+# path, which decides that case exactly as before. The fast path never decides a conflict.
 
 
 def first_use_row(m: NewMessage, now: datetime, default_max_attempts: int) -> dict[str, Any]:
@@ -340,7 +341,6 @@ WITH blocked AS (
 ), made AS (
     INSERT INTO outbox_messages ({", ".join(_FIRST_USE_COLUMNS)})
     SELECT {", ".join(f":{_SHARED.get(c, c)}" for c in _FIRST_USE_COLUMNS)} FROM took
-    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING id, status
 ), history AS (
     INSERT INTO message_events (message_id, to_status, at, actor, attempt, detail)
@@ -375,8 +375,10 @@ def enqueue_first_use(
     row: dict[str, Any], record: dict[str, Any], *, now: datetime, actor: str
 ) -> Plan[bool]:
     """PostgreSQL only: write `record` (an idempotency_records row, response included), the
-    message `row` and its history row in one statement. False: the statement wrote nothing
-    that may be kept; the caller rolls back and takes the readable path."""
+    message `row` and its history row in one statement, atomic by itself (run it in
+    autocommit). False: it wrote nothing; raises IntegrityError (the session's Conflict),
+    having written nothing, when a message without a record holds the key. Either way the
+    caller takes the readable path."""
     if (yield from current_dialect()) != "postgresql":
         return False  # the readable path is every database's
     event = history_row(MESSAGE_ROWS, row, None, at=now, actor=actor, event=LAST_ERROR)
