@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -139,16 +140,37 @@ def unpacked(carried: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def settled_from_row(row: Row[Any]) -> Settled:
-    return Settled(*row[: len(SETTLED_COLUMNS)])
+    # As Settled(*row[:11]) would, in one dict update (see message_from_row).
+    settled = object.__new__(Settled)
+    settled.__dict__.update(zip(SETTLED_COLUMNS, row))  # noqa: B905 - the row is longer
+    return settled
+
+
+_ROW_FIELDS = [c.name for c in om.columns]  # `carried` among them, popped below
+# Every field a row may leave out, at its default (all immutable: shared safely).
+_DEFAULTS = {
+    f.name: f.default
+    for f in dataclass_fields(Message)
+    if f.name not in _ROW_FIELDS and f.default is not MISSING
+}
+assert len(_DEFAULTS) + len(_COLUMN_FIELDS) == len(dataclass_fields(Message))
 
 
 def message_from_row(row: Row[Any]) -> Message:
     """A Message from a row that starts with all of outbox_messages' columns, in order;
-    what `carried` holds (most rows: nothing) becomes the fields after the columns."""
-    values = row[:MESSAGE_COLUMNS]
-    carried = values[_CARRIED]
-    columns = (*values[:_CARRIED], *values[_CARRIED + 1 :])
-    return Message(*columns) if carried is None else Message(*columns, **unpacked(carried))
+    what `carried` holds (most rows: nothing) becomes the fields after the columns.
+
+    Filled in as the frozen dataclass's own __init__ would (it has no __post_init__), but
+    in one dict update: its __init__ sets 40 fields one object.__setattr__ at a time, and
+    every claim makes a Message per row."""
+    message = object.__new__(Message)
+    state = message.__dict__
+    state.update(_DEFAULTS)
+    state.update(zip(_ROW_FIELDS, row[:MESSAGE_COLUMNS]))  # noqa: B905 - the row is longer
+    carried = state.pop("carried")
+    if carried is not None:
+        state.update(unpacked(carried))
+    return message
 
 
 def transition(
