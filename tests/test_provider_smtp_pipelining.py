@@ -13,11 +13,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mailbag.domain.delivery import Accepted, Deferred, Rejected
+from mailbag.providers import smtp
 from mailbag.providers.smtp import SMTPProvider
 from mailbag.providers.smtp_wire import Wire
-from mailbag.settings import Settings
+from mailbag.settings import Settings as MailbagSettings
 
 from helpers import outgoing_email
 
@@ -94,7 +97,7 @@ async def serve() -> AsyncIterator[Callable[..., Any]]:
         server = ScriptedServer(extensions, answer)
         await server.start()
         servers.append(server)
-        settings = Settings(
+        settings = MailbagSettings(
             provider="smtp",
             smtp_host="127.0.0.1",
             smtp_port=server.port,
@@ -292,3 +295,32 @@ async def test_a_lost_connection_fails_the_waiting_read() -> None:
         await waiting
     with pytest.raises(SMTPServerDisconnected):
         wire.write(b"RSET\r\n")
+
+
+# --- the cheap paths give what the general ones give ----------------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from("ab.-_+=@\"<> \\'é!{}\r\n"), max_size=24))
+def test_addresses_are_quoted_as_aiosmtplib_quotes_them(address: str) -> None:
+    from aiosmtplib.email import quote_address
+
+    try:
+        expected: str | type = quote_address(address)
+    except ValueError:
+        expected = ValueError
+    try:
+        got: str | type = smtp._quoted(address)
+    except ValueError:
+        got = ValueError
+    assert got == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=40) | st.text(alphabet=".\r\nab", max_size=40).map(str.encode))
+def test_dot_stuffing_takes_the_cheap_path_only_when_it_changes_nothing(content: bytes) -> None:
+    normalized = smtp._BARE_LINE_ENDING.sub(b"\r\n", content)
+    if not normalized.endswith(b"\r\n"):
+        normalized += b"\r\n"
+    expected = smtp._LINE_START_DOT.sub(b"..", normalized) + b".\r\n"
+    assert smtp._dot_stuffed(content) == expected

@@ -164,6 +164,10 @@ _QUEUE_ID = re.compile(
 )
 _LINE_START_DOT = re.compile(rb"(?m)^\.")
 _BARE_LINE_ENDING = re.compile(rb"\r\n|\r|\n")
+# A dot-atom address (what nearly every address is): parseaddr gives it back unchanged and
+# it holds nothing that could smuggle a parameter or a command into MAIL FROM / RCPT TO.
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_PLAIN_ADDRESS = re.compile(rf"{_ATEXT}(?:\.{_ATEXT})*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*")
 
 
 def outcome_class(phase: Phase, kind: Failure) -> OutcomeClass:
@@ -246,9 +250,8 @@ class Envelope:
         needs_smtputf8 = email.needs_smtputf8
         content = email.raw_utf8 if needs_smtputf8 else email.raw
         encoding = "utf-8" if needs_smtputf8 else "ascii"
-        # quote_address refuses what could smuggle parameters or commands into the line.
-        mail_from = f"MAIL FROM:{quote_address(sender)}".encode(encoding)
-        rcpt_to = tuple(f"RCPT TO:{quote_address(r)}\r\n".encode(encoding) for r in recipients)
+        mail_from = f"MAIL FROM:{_quoted(sender)}".encode(encoding)
+        rcpt_to = tuple(f"RCPT TO:{_quoted(r)}\r\n".encode(encoding) for r in recipients)
         return cls(sender, recipients, _dot_stuffed(content), needs_smtputf8, mail_from, rcpt_to)
 
 
@@ -668,12 +671,26 @@ async def _quit(connection: Connection) -> None:
         wire.close()
 
 
+def _quoted(address: str) -> str:
+    """<address> for MAIL FROM / RCPT TO; aiosmtplib's quote_address (which refuses
+    whitespace, brackets and quotes outside a quoted local part) for anything but a plain
+    dot-atom address, which it would give back as it is."""
+    if _PLAIN_ADDRESS.fullmatch(address):
+        return f"<{address}>"
+    return quote_address(address)
+
+
 def _dot_stuffed(content: bytes) -> bytes:
     """The DATA payload: CRLF line endings, leading dots doubled, then CRLF "." CRLF."""
-    content = _BARE_LINE_ENDING.sub(b"\r\n", content)
+    crlf = content.count(b"\r\n")
+    # Composed MIME has CRLF endings only: counting is far cheaper than rewriting.
+    if content.count(b"\r") != crlf or content.count(b"\n") != crlf:
+        content = _BARE_LINE_ENDING.sub(b"\r\n", content)
     if not content.endswith(b"\r\n"):
         content += b"\r\n"
-    return _LINE_START_DOT.sub(b"..", content) + b".\r\n"
+    if content.startswith(b".") or b"\n." in content:
+        content = _LINE_START_DOT.sub(b"..", content)
+    return content + b".\r\n"
 
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
