@@ -51,7 +51,8 @@ SESSIONS = 16
 STARTUP_SECONDS = 3.0
 # 64 sends in flight per worker: enough to keep a pipelined pool busy; four workers stay
 # well under the sink's connection cap (-m) below.
-WORKER_SETTINGS = {"batch_size": 100, "concurrency": 64, "poll_interval": 0.05}
+CONCURRENCY = 64
+WORKER_SETTINGS = {"batch_size": 100, "concurrency": CONCURRENCY, "poll_interval": 0.05}
 _MAILBAG_ID = re.compile(rb"(?mi)^X-Mailbag-Message-ID:\s*(\S+)")
 _DUMP_START = re.compile(rb"(?m)^X-Client-Addr: ")
 _SINK_HEADERS_END = re.compile(rb"(?m)^Received: from .*\n\t.*\n\t.*\n")
@@ -171,6 +172,63 @@ def _done(db: Database, sent: int, *processes: Any) -> bool:
     return counts(db).get("sent", 0) >= sent
 
 
+def provider_round(n: int, folder: Path) -> dict[str, Any]:
+    """The SMTP provider alone, in this process: N welcome emails (rendered once, MIME
+    built per message as the worker does) sent with 64 in flight into a fresh sink. What
+    mailbag's SMTP path can do without the database; its CPU time per message too."""
+    import asyncio
+    import uuid
+
+    from mailbag.clock import utcnow
+    from mailbag.compose import OutgoingEmail, rfc_message_id
+    from mailbag.domain.content import Address, Recipients
+    from mailbag.domain.delivery import Accepted
+    from mailbag.providers.smtp import SMTPProvider
+    from mailbag.templates import load
+
+    rendered = load(None).render("welcome", {"name": "User"}, None)
+    emails = []
+    for i in range(n):
+        message_id = uuid.uuid4()
+        emails.append(
+            OutgoingEmail(
+                message_id=message_id,
+                attempt=1,
+                tenant_id="default",
+                from_email="mailbag@example.com",
+                from_name="mailbag",
+                recipients=Recipients(to=(Address(f"user{i}@example.com", f"User {i}"),)),
+                subject=rendered.subject,
+                html=rendered.html,
+                text=rendered.text,
+                rfc_message_id=rfc_message_id(message_id, "example.com"),
+                date=utcnow(),
+            )
+        )
+
+    async def send_all(port: int) -> int:
+        provider = SMTPProvider(
+            host="127.0.0.1", port=port, tls="none", max_connections=CONCURRENCY
+        )
+        try:
+            outcomes = await asyncio.gather(*(provider.send(email) for email in emails))
+        finally:
+            await provider.aclose()
+        return sum(isinstance(outcome, Accepted) for outcome in outcomes)
+
+    with smtp_sink(folder / "sink") as (port, dump, _):
+        cpu, started = time.process_time(), time.perf_counter()
+        accepted = asyncio.run(send_all(port))
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        arrived = Counter(m.decode() for m in _MAILBAG_ID.findall(_dumped(dump)))
+    return {
+        "per_second": n / seconds,
+        "cpu_us_per_message": cpu / n * 1e6,
+        "duplicates": sum(c - 1 for c in arrived.values() if c > 1),
+        "missing": n - len(arrived) + (n - accepted),
+    }
+
+
 def source_round(n: int, size: int, folder: Path) -> dict[str, Any]:
     """smtp-source: N messages of SIZE bytes, 16 sessions, into a fresh sink."""
     with smtp_sink(folder / "sink") as (port, dump, _):
@@ -205,6 +263,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
                 mailbag = mailbag_round(db, n, workers, folder / "mailbag")
                 size = max(mailbag["message_bytes"], 1)
                 source = source_round(n, size, folder / "source")
+                alone = provider_round(n, folder / "provider") if workers == 1 else None
                 rows.append(
                     {
                         "database": db.dialect,
@@ -221,6 +280,14 @@ def run(quick: bool) -> list[dict[str, Any]]:
                         "smtp_source_missing": n - source["arrived"],
                     }
                 )
+                if alone is not None:  # the SMTP path without the database, same round
+                    rows[-1].update(
+                        provider_alone_per_second=round(alone["per_second"]),
+                        provider_alone_ratio=round(alone["per_second"] / source["per_second"], 4),
+                        provider_alone_cpu_us=round(alone["cpu_us_per_message"]),
+                        provider_alone_duplicates=alone["duplicates"],
+                        provider_alone_missing=alone["missing"],
+                    )
             mine = [r for r in rows if r["workers"] == workers and "round" in r]
             rows.append(
                 {
