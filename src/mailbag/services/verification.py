@@ -19,14 +19,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from mailbag import wakeup
 from mailbag.domain.ids import uuid7
-from mailbag.domain.message import Filter, new_message
+from mailbag.domain.message import Filter, NewMessage, new_message
 from mailbag.domain.states import Status
 from mailbag.domain.verification import (
     ACTIVE,
     FINAL,
     MAX_CONFIRM_ATTEMPTS,
     UNFINISHED,
+    VERIFICATIONS,
     EmailReference,
     VAction,
     VState,
@@ -36,8 +38,11 @@ from mailbag.domain.verification import (
 from mailbag.services import outbox as outbox_service
 from mailbag.services.idempotency import Response, execute, fingerprint
 from mailbag.settings import Settings
+from mailbag.store import enqueue as enqueue_store
+from mailbag.store import idempotency as idempotency_store
 from mailbag.store import operator
 from mailbag.store import verifications as store
+from mailbag.store.enqueue import Enqueued
 from mailbag.store.session import AsyncDatabase, AsyncSession, Conflict
 from mailbag.store.verifications import Verification, VerificationFilter
 
@@ -52,6 +57,14 @@ RESEND_TRIES = 3
 
 class VerificationError(Exception):
     pass
+
+
+class _NotCommonCase(Exception):
+    """The one-statement request wrote nothing: roll back, take the readable path."""
+
+
+def _enqueued_detail(send_number: int) -> str:
+    return f"email {send_number} enqueued"
 
 
 class ActiveVerificationExists(VerificationError):
@@ -146,6 +159,10 @@ class Verifications:
         self, *, tenant_id: str, key: str, request: VerificationRequest, now: datetime
     ) -> Response:
         operation = "POST /v1/email-verifications"
+        if self.db.dialect == "postgresql":
+            done = await self._request_in_one_statement(tenant_id, key, request, now, operation)
+            if done is not None:
+                return done
 
         async def work(tx: AsyncSession) -> Response:
             email = request.email
@@ -263,19 +280,15 @@ class Verifications:
         rendered. Raises RotatedMeanwhile if another transaction rotated since `v` was read.
         """
         send_number = v.send_count + 1
-        reference = EmailReference(v.id, send_number, v.redirect_url)
-        message = new_message(
-            to=v.email,
-            template=v.template_name,
-            tenant_id=v.tenant_id,
-            idempotency_key=f"verification:{v.id}:{send_number}",
-            data={
-                **data,
-                "email": v.email,
-                "expires_at": v.expires_at.strftime("%Y-%m-%d %H:%M UTC"),
-            },
-            metadata=reference.metadata(),
-            address_rules=self.settings.address_rules,
+        message = self._email(
+            v.id,
+            v.tenant_id,
+            v.email,
+            v.template_name,
+            v.redirect_url,
+            v.expires_at,
+            send_number,
+            data,
         )
         (enqueued,) = await outbox_service.enqueue_many_async(
             tx.connection, [message], max_attempts=self.settings.max_attempts, actor=ACTOR, now=now
@@ -293,7 +306,7 @@ class Verifications:
                     "send_count": send_number,
                     "confirm_attempts": 0,
                 },
-                detail=f"email {send_number} enqueued",
+                detail=_enqueued_detail(send_number),
             ),
         )
         if not rotated:
@@ -315,6 +328,105 @@ class Verifications:
             store.record_send(tenant_id=v.tenant_id, email=v.email, verification_id=v.id, now=now),
         )
         return moved
+
+    def _email(
+        self,
+        verification_id: uuid.UUID,
+        tenant_id: str,
+        email: str,
+        template: str,
+        redirect_url: str | None,
+        expires_at: datetime,
+        send_number: int,
+        data: dict[str, Any],
+    ) -> NewMessage:
+        """The email of a verification's send (it carries the send's reference, not the
+        token: the worker derives that when it renders)."""
+        return new_message(
+            to=email,
+            template=template,
+            tenant_id=tenant_id,
+            idempotency_key=f"verification:{verification_id}:{send_number}",
+            data={**data, "email": email, "expires_at": expires_at.strftime("%Y-%m-%d %H:%M UTC")},
+            metadata=EmailReference(verification_id, send_number, redirect_url).metadata(),
+            address_rules=self.settings.address_rules,
+        )
+
+    async def _request_in_one_statement(
+        self, tenant_id: str, key: str, request: VerificationRequest, now: datetime, operation: str
+    ) -> Response | None:
+        """PostgreSQL, the common request (store.verifications.request_in_one_statement):
+        the tenant's send lock, then one statement. None: it wrote nothing (an unfinished
+        verification for the address, a send limit, a suppressed address, a used key); the
+        readable path decides that case."""
+        verification_id = uuid7()
+        expires_at = now + self.ttl
+        message = self._email(
+            verification_id,
+            tenant_id,
+            request.email,
+            request.template,
+            request.redirect_url,
+            expires_at,
+            1,
+            request.data,
+        )
+        message_row = enqueue_store.first_use_row(message, now, self.settings.max_attempts)
+        row = {
+            "id": verification_id,
+            "tenant_id": tenant_id,
+            "email": request.email,
+            "state": VERIFICATIONS.target(VAction.ENQUEUE).value,  # created, then enqueued
+            "token_digest": digest(self.tokens.token(verification_id, 1)),
+            "expires_at": expires_at,
+            "confirm_attempts": 0,
+            "send_count": 1,
+            "message_id": message_row["id"],
+            "template_name": request.template,
+            "redirect_url": request.redirect_url,
+            "created_at": now,
+            "updated_at": now,
+            "sent_at": None,
+            "verified_at": None,
+        }
+        made = Verification(**{**row, "state": VState(row["state"])})
+        response = Response(201, public(made), str(verification_id))
+        record = idempotency_store.complete_record(
+            tenant_id=tenant_id,
+            key=key,
+            operation=operation,
+            fingerprint=request.fingerprint(operation),
+            now=now,
+            expires_at=now + timedelta(hours=self.settings.idempotency_ttl_hours),
+            resource_id=response.resource_id,
+            status=response.status,
+            body=response.body,
+        )
+        try:
+            async with self.db.transaction() as tx:
+                await tx.run(store.lock_sends(tenant_id))
+                written = await tx.run(
+                    store.request_in_one_statement(
+                        row,
+                        message_row,
+                        record,
+                        since=now - timedelta(hours=1),
+                        per_email=self.settings.verification_sends_per_email_per_hour,
+                        per_tenant=self.settings.verification_sends_per_tenant_per_hour,
+                        now=now,
+                        actor=ACTOR,
+                        detail=_enqueued_detail(1),
+                    )
+                )
+                if not written:
+                    raise _NotCommonCase
+                outbox_service.count_created(
+                    [Enqueued(enqueue_store.first_use_message(message_row, message), True)]
+                )
+                wakeup.notify_after_commit(tx.connection.sync_connection)  # type: ignore[arg-type]
+        except (_NotCommonCase, Conflict):
+            return None  # rolled back: nothing of it was kept
+        return response
 
     async def _check_limits(
         self, tx: AsyncSession, tenant_id: str, email: str, now: datetime

@@ -327,7 +327,49 @@ _SHARED = {
 }
 _LEFT_NULL = tuple(c for c in om.c.keys() if c not in _FIRST_USE_COLUMNS)  # noqa: SIM118
 _RECORD_COLUMNS = ("operation", "fingerprint", "resource_id", "response_status", "response_body")
-# Built from the constant column names above only; every value is a bound parameter.
+
+
+def created_message_sql(source: str) -> str:
+    """Two CTEs, `made` and `made_history`: a new message row (first_use_row, its columns as
+    parameters) and its creation history row, written once per row of CTE `source`. Also
+    for a verification request's email (store.verifications.request_in_one_statement)."""
+    columns = ", ".join(_FIRST_USE_COLUMNS)
+    values = ", ".join(f":{_SHARED.get(c, c)}" for c in _FIRST_USE_COLUMNS)
+    return f"""made AS (
+    INSERT INTO outbox_messages ({columns})
+    SELECT {values} FROM {source}
+    RETURNING id, status
+), made_history AS (
+    INSERT INTO message_events (message_id, to_status, at, actor, attempt, detail)
+    SELECT id, status, :now, :event_actor, :event_attempt, :event_detail FROM made
+    RETURNING 1
+)"""  # noqa: S608 (constant names only; every value is a bound parameter)
+
+
+def created_message_types() -> dict[str, Any]:
+    return {
+        **{_SHARED.get(c, c): om.c[c].type for c in _FIRST_USE_COLUMNS},
+        "event_actor": message_events.c.actor.type,
+        "event_attempt": message_events.c.attempt.type,
+        "event_detail": message_events.c.detail.type,
+    }
+
+
+def created_message_values(
+    row: dict[str, Any], *, now: datetime, actor: str
+) -> dict[str, Any] | None:
+    """The parameters of created_message_sql; None when the row sets a column it leaves NULL
+    (not a plain new message: the caller takes the readable path)."""
+    event = history_row(MESSAGE_ROWS, row, None, at=now, actor=actor, event=LAST_ERROR)
+    if event["provider_message_id"] is not None or any(row.get(c) is not None for c in _LEFT_NULL):
+        return None
+    values = {_SHARED.get(c, c): row[c] for c in _FIRST_USE_COLUMNS}
+    values.update(
+        event_actor=event["actor"], event_attempt=event["attempt"], event_detail=event["detail"]
+    )
+    return values
+
+
 _FIRST_USE_SQL = f"""
 WITH blocked AS (
     SELECT 1 FROM suppressions WHERE tenant_id = :tenant AND email = :blocked_email
@@ -338,32 +380,21 @@ WITH blocked AS (
     WHERE NOT EXISTS (SELECT 1 FROM blocked)
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING id
-), made AS (
-    INSERT INTO outbox_messages ({", ".join(_FIRST_USE_COLUMNS)})
-    SELECT {", ".join(f":{_SHARED.get(c, c)}" for c in _FIRST_USE_COLUMNS)} FROM took
-    RETURNING id, status
-), history AS (
-    INSERT INTO message_events (message_id, to_status, at, actor, attempt, detail)
-    SELECT id, status, :now, :event_actor, :event_attempt, :event_detail FROM made
-    RETURNING 1
-)
+), {created_message_sql("took")}
 SELECT
     (SELECT count(*) FROM took) AS took,
     (SELECT count(*) FROM made) AS made,
-    (SELECT count(*) FROM history) AS history,
+    (SELECT count(*) FROM made_history) AS history,
     (SELECT pg_notify('{NOTIFY_CHANNEL}', '') FROM made) AS notified
-"""  # noqa: S608
+"""  # noqa: S608 (constant names only; every value is a bound parameter)
 
 
 def _first_use_statement() -> Any:
     types = {
-        **{_SHARED.get(c, c): om.c[c].type for c in _FIRST_USE_COLUMNS},
+        **created_message_types(),
         **{c: idempotency_records.c[c].type for c in _RECORD_COLUMNS},
         "record_expires_at": idempotency_records.c.expires_at.type,
         "blocked_email": suppressions.c.email.type,
-        "event_actor": message_events.c.actor.type,
-        "event_attempt": message_events.c.attempt.type,
-        "event_detail": message_events.c.detail.type,
     }
     return text(_FIRST_USE_SQL).bindparams(*(bindparam(k, type_=t) for k, t in types.items()))
 
@@ -381,19 +412,12 @@ def enqueue_first_use(
     caller takes the readable path."""
     if (yield from current_dialect()) != "postgresql":
         return False  # the readable path is every database's
-    event = history_row(MESSAGE_ROWS, row, None, at=now, actor=actor, event=LAST_ERROR)
-    if event["provider_message_id"] is not None or any(row.get(c) is not None for c in _LEFT_NULL):
-        return False  # a column the statement leaves NULL is set: not a plain first use
+    values = created_message_values(row, now=now, actor=actor)
+    if values is None:
+        return False
     if not _FIRST_USE:
         _FIRST_USE.append(_first_use_statement())
-    values = {_SHARED.get(c, c): row[c] for c in _FIRST_USE_COLUMNS}
     values.update({c: record[c] for c in _RECORD_COLUMNS})
-    values.update(
-        record_expires_at=record["expires_at"],
-        blocked_email=row["to_address"].lower(),
-        event_actor=event["actor"],
-        event_attempt=event["attempt"],
-        event_detail=event["detail"],
-    )
+    values.update(record_expires_at=record["expires_at"], blocked_email=row["to_address"].lower())
     answer = (yield Step(_FIRST_USE[0], values)).one()
     return bool(answer.took == answer.made == answer.history == 1)
