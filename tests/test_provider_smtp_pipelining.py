@@ -38,6 +38,7 @@ class ScriptedServer:
         self.reads: list[bytes] = []
         self.contents: list[bytes] = []
         self.connections = 0
+        self.writers: list[asyncio.StreamWriter] = []
         self.port = 0
         self._server: asyncio.Server | None = None
 
@@ -51,6 +52,7 @@ class ScriptedServer:
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self.writers.append(writer)
         writer.write(b"220 scripted ESMTP\r\n")
         buffer, content = b"", None
         while chunk := await reader.read(65536):
@@ -230,6 +232,21 @@ async def test_a_refused_recipient_inside_a_pipelined_group_is_left_out(
     [group] = [read for read in server.reads if read.startswith(b"MAIL FROM")]
     assert group.count(b"RCPT TO:") == 3 and group.endswith(b"DATA\r\n")
     assert len(server.contents) == 1
+
+
+async def test_a_reply_no_command_asked_for_retires_the_idle_connection(
+    serve: Callable[..., Any],
+) -> None:
+    server, provider = await serve(["PIPELINING"], _data)
+    assert isinstance(await provider.send(outgoing_email(1)), Accepted)
+
+    # A reply nobody asked for, on a session left open: taken for the next MAIL FROM's,
+    # it would shift every reply of the next group by one.
+    server.writers[0].write(b"250 2.0.0 Stray\r\n")
+    await asyncio.sleep(0.05)
+
+    assert isinstance(await provider.send(outgoing_email(2)), Accepted)
+    assert server.connections == 2 and len(server.contents) == 2
 
 
 # --- the reply reader ----------------------------------------------------------------------

@@ -459,8 +459,8 @@ class SMTPProvider(SendOneByOne):
             connection = self._idle.pop()
             if connection.loop is not asyncio.get_running_loop():
                 continue  # opened under an event loop that has since ended: unusable here
-            if not connection.wire.is_connected:  # the server hung up while it sat idle
-                connection.wire.close()
+            if not connection.wire.is_connected or connection.wire.has_unread:
+                connection.wire.close()  # the server hung up (or said goodbye) while idle
                 continue
             if connection.needs_reset:
                 try:

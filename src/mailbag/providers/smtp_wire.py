@@ -19,7 +19,6 @@ code -1.
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections import deque
 from typing import Final
 
@@ -84,10 +83,10 @@ class Wire(asyncio.Protocol):
         )
 
     @property
-    def encrypted(self) -> bool:
-        return self.transport is not None and isinstance(
-            self.transport.get_extra_info("sslcontext"), ssl.SSLContext
-        )
+    def has_unread(self) -> bool:
+        """A reply came that no command asked for (an idle server's 421 before it hangs
+        up): the next command would take it for its own."""
+        return bool(self._replies)
 
     def write(self, data: bytes) -> None:
         """Hand bytes to the transport; raises (having sent nothing) if the connection is
