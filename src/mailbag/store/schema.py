@@ -27,6 +27,7 @@ from sqlalchemy import (
     Table,
     Text,
     Uuid,
+    func,
     text,
 )
 from sqlalchemy.sql.schema import SchemaItem
@@ -143,6 +144,15 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         Index(None, "provider_message_id"),
         Index(None, "to_address"),
     )
+    if not _is_mysql(dialect):
+        # A tenant's messages to one recipient (`GET /v1/messages?to=`) compare lower-cased
+        # addresses; without this index that filter read the whole table (1.3 s at 10^6 rows).
+        # MariaDB has no expression indexes (see docs/scaling.md).
+        Index(  # bound to the table by its columns
+            "ix_outbox_messages_tenant_id_lower_to_address",
+            table.c.tenant_id,
+            func.lower(table.c.to_address),
+        )
     _queue_indexes(table, dialect, "claim_order_at", CLAIMABLE_SQL, PROCESSING_SQL)
     return table
 
