@@ -59,10 +59,6 @@ class VerificationError(Exception):
     pass
 
 
-class _NotCommonCase(Exception):
-    """The one-statement request wrote nothing: roll back, take the readable path."""
-
-
 def _enqueued_detail(send_number: int) -> str:
     return f"email {send_number} enqueued"
 
@@ -402,30 +398,26 @@ class Verifications:
             status=response.status,
             body=response.body,
         )
-        try:
-            async with self.db.transaction() as tx:
-                await tx.run(store.lock_sends(tenant_id))
-                written = await tx.run(
-                    store.request_in_one_statement(
-                        row,
-                        message_row,
-                        record,
-                        since=now - timedelta(hours=1),
-                        per_email=self.settings.verification_sends_per_email_per_hour,
-                        per_tenant=self.settings.verification_sends_per_tenant_per_hour,
-                        now=now,
-                        actor=ACTOR,
-                        detail=_enqueued_detail(1),
-                    )
-                )
-                if not written:
-                    raise _NotCommonCase
-                outbox_service.count_created(
-                    [Enqueued(enqueue_store.first_use_message(message_row, message), True)]
-                )
-                wakeup.notify_after_commit(tx.connection.sync_connection)  # type: ignore[arg-type]
-        except (_NotCommonCase, Conflict):
-            return None  # rolled back: nothing of it was kept
+        # BEGIN, the send lock, the statement and COMMIT in one round trip (a pipeline).
+        async with self.db.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            written = await store.request_in_one_round_trip(
+                conn,
+                row,
+                message_row,
+                record,
+                since=now - timedelta(hours=1),
+                per_email=self.settings.verification_sends_per_email_per_hour,
+                per_tenant=self.settings.verification_sends_per_tenant_per_hour,
+                now=now,
+                actor=ACTOR,
+                detail=_enqueued_detail(1),
+            )
+        if not written:
+            return None
+        email = enqueue_store.first_use_message(message_row, message)
+        outbox_service.count_created([Enqueued(email, True)])
+        wakeup.notify()  # committed already
         return response
 
     async def _check_limits(

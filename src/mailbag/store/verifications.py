@@ -10,7 +10,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Integer, Row, and_, func, insert, select, true, update
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Row,
+    and_,
+    bindparam,
+    func,
+    insert,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.exc import DBAPIError
 
 from mailbag.domain.states import Status
 from mailbag.domain.verification import (
@@ -27,6 +39,8 @@ from mailbag.store.schema import tenants, verification_events, verification_send
 from mailbag.store.transition import EventSpec, Tracked, apply_transition, history_row, record
 
 if TYPE_CHECKING:  # message_transitions calls this module: no import cycle at run time
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
     from mailbag.store.message_transitions import Changed
 
 VERIFICATION_ROWS: Tracked[VState, VAction] = Tracked(
@@ -222,6 +236,15 @@ def lock_sends(tenant_id: str) -> Plan[None]:
     )
 
 
+def lock_statement() -> Any:
+    """lock_sends's statement with its tenant as a parameter (for the pipelined request)."""
+    return (
+        select(tenants.c.id)
+        .where(tenants.c.id == bindparam("tenant_id"))
+        .with_for_update(key_share=True)
+    )
+
+
 def record_send(
     *, tenant_id: str, email: str, verification_id: uuid.UUID, now: datetime
 ) -> Plan[None]:
@@ -316,11 +339,9 @@ SELECT
     (SELECT pg_notify('{{channel}}', '') FROM made) AS notified
 """  # noqa: S608 (constant names and states only; every value is a bound parameter)
 
-_REQUEST: list[Any] = []  # built once: SQLAlchemy then reuses its compiled form
-
 
 def _request_statement() -> Any:
-    from sqlalchemy import bindparam, text
+    from sqlalchemy import text
 
     from mailbag.store import enqueue
     from mailbag.store.schema import idempotency_records as records
@@ -356,7 +377,12 @@ def _request_statement() -> Any:
     return text(sql).bindparams(*(bindparam(k, type_=t) for k, t in types.items()))
 
 
-def request_in_one_statement(
+def _all_written(answer: Any) -> bool:
+    verification, moves, sends, made, made_history = answer[:5]
+    return bool(verification == sends == made == made_history == 1 and moves == 2)
+
+
+def _request_values(
     verification: Mapping[str, Any],
     message_row: dict[str, Any],
     record: Mapping[str, Any],
@@ -367,21 +393,12 @@ def request_in_one_statement(
     now: datetime,
     actor: str,
     detail: str,
-) -> Plan[bool]:
-    """PostgreSQL only, after lock_sends: the whole request in one statement (see above).
-    `verification` is the row as the readable path leaves it (send_pending, send 1),
-    `message_row` its email (store.enqueue.first_use_row), `record` the idempotency record
-    with the answer (store.idempotency.complete_record). False: nothing was written."""
+) -> dict[str, Any] | None:
     from mailbag.store import enqueue
-    from mailbag.store.plan import current_dialect
 
-    if (yield from current_dialect()) != "postgresql":
-        return False
     values = enqueue.created_message_values(message_row, now=now, actor=actor)
     if values is None:
-        return False
-    if not _REQUEST:
-        _REQUEST.append(_request_statement())
+        return None
     values.update(
         verification_id=verification["id"],
         email=verification["email"],
@@ -403,8 +420,86 @@ def request_in_one_statement(
         verification_actor=actor[:200],
         move_detail=detail,
     )
-    answer = (yield Step(_REQUEST[0], values)).one()
-    return bool(
-        answer.verification == answer.sends == answer.made == answer.made_history == 1
-        and answer.moves == 2
+    return values
+
+
+_PIPELINED: dict[str, Any] = {}  # the statement compiled for psycopg, once per process
+
+
+async def request_in_one_round_trip(
+    conn: AsyncConnection,
+    verification: Mapping[str, Any],
+    message_row: dict[str, Any],
+    record: Mapping[str, Any],
+    *,
+    since: datetime,
+    per_email: int,
+    per_tenant: int,
+    now: datetime,
+    actor: str,
+    detail: str,
+) -> bool:
+    """request_in_one_statement with its lock and transaction in ONE round trip: BEGIN, the
+    tenant's send lock (lock_sends), the statement and COMMIT go to PostgreSQL together in a
+    psycopg pipeline. The server takes the lock and then runs the statement (a new snapshot:
+    it sees the previous holder's sends) without waiting for the client in between, so the
+    lock is held for the server's work only, not across round trips and the event loop's
+    turns of every other request in flight. `conn` must be in autocommit mode: the pipeline
+    carries its own BEGIN and COMMIT. False: nothing was written (an error rolls back)."""
+    values = _request_values(
+        verification,
+        message_row,
+        record,
+        since=since,
+        per_email=per_email,
+        per_tenant=per_tenant,
+        now=now,
+        actor=actor,
+        detail=detail,
     )
+    if values is None:
+        return False
+    import psycopg  # here: only PostgreSQL runs this, and other installs may lack psycopg
+
+    if not _PIPELINED:
+        # psycopg is given the SQL SQLAlchemy compiles, and the values through the same
+        # bind processors (JSON serialization, UTC datetimes) an execute would apply.
+        compiled = _request_statement().compile(dialect=conn.dialect)
+        lock = lock_statement().compile(dialect=conn.dialect)
+        _PIPELINED.update(
+            sql=str(compiled),
+            processors=dict(compiled._bind_processors),
+            lock=str(lock),
+            lock_param=next(iter(lock.params)),
+        )
+    processors = _PIPELINED["processors"]
+    params = {k: processors[k](v) if k in processors else v for k, v in values.items()}
+    raw = await conn.get_raw_connection()
+    pg = raw.driver_connection
+    assert pg is not None and pg.autocommit
+    statement = pg.cursor()
+    try:
+        async with pg.pipeline():
+            await pg.execute("BEGIN")
+            await pg.execute(
+                _PIPELINED["lock"], {_PIPELINED["lock_param"]: verification["tenant_id"]}
+            )
+            await statement.execute(_PIPELINED["sql"], params)
+            await pg.execute("COMMIT")
+        answer = await statement.fetchone()
+    except psycopg.IntegrityError:
+        await pg.execute("ROLLBACK")  # the error skipped the pipeline's COMMIT
+        return False  # a unique index: another row was first; nothing was written
+    except psycopg.Error as exc:
+        if not pg.closed:
+            await pg.execute("ROLLBACK")
+        # As SQLAlchemy would raise it (an OperationalError is the database being down).
+        raise DBAPIError.instance(
+            _PIPELINED["sql"], None, exc, psycopg.Error, connection_invalidated=pg.closed
+        ) from exc
+    except BaseException:
+        await conn.invalidate()  # cancelled mid-pipeline: its state is unknown, never reused
+        raise
+    finally:
+        await statement.close()
+    return answer is not None and _all_written(answer)
