@@ -42,6 +42,7 @@ MESSAGE_ROWS: Tracked[Status, Action] = Tracked(
 )
 
 M = TypeVar("M", bound="Message | Settled")
+_STATUS = {status.value: status for status in Status}  # Status(value), without the enum's call
 # The event hook each action fires, by the one state it leads to (sent, failed, dead,
 # unknown); a claim, a release or a requeue fires none.
 _HOOK_EVENTS = {
@@ -207,7 +208,7 @@ def transition(
         cache=cache,
         params=params,
     )
-    changed = [Changed(as_row(row), Status(previous)) for row, previous in updated]
+    changed = [Changed(as_row(row), _STATUS[previous]) for row, previous in updated]
     yield from verifications.follow_messages(changed, now=now, actor=actor)
     if hooks.FANOUT.enabled and (hook_event := _HOOK_EVENTS.get(action)):
         yield from hooks.fan_out(

@@ -128,7 +128,7 @@ def guarded_update(
             if cache is not None:
                 _STATEMENTS[cache] = statement
         rows = (yield Step(statement, params)).all()
-        return [(row, row.previous_state) for row in rows]
+        return [(row, row[-1]) for row in rows]  # previous_state: RETURNING's last column
 
     wanted = [table.c[name] for name in columns] if columns else list(table.c)
     key, state_column = table.c.id, table.c[state]
