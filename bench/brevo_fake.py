@@ -20,7 +20,8 @@ What it took is recorded, for the benchmark to count duplicates and missing: per
 `X-Mailbag-Message-ID` header of a single send, else (a message version carries no
 headers) the version's first To address, which the benchmark maps back to its message;
 per call, when it came, when it was answered and how many emails it held.
-`GET /bench/records` returns them and `POST /bench/reset` forgets them.
+`GET /bench/records` returns them, `GET /bench/count` how many emails and refusals, and
+`POST /bench/reset` forgets them.
 
 The server is a bare ASGI function on uvicorn (httptools, uvloop): the stand-in must cost
 far less than the client it measures, so no framework routing and no per-field schema
@@ -194,6 +195,8 @@ class Fake:
         path, method = scope["path"], scope["method"]
         if path == SEND_PATH and method == "POST":
             status, reply = await self.send(scope, raw)
+        elif path == "/bench/count" and method == "GET":  # cheap enough to poll
+            status, reply = 200, {"emails": len(self.keys), "refused": len(self.refused)}
         elif path == "/bench/records" and method == "GET":
             status, reply = 200, {"keys": self.keys, "calls": self.calls, "refused": self.refused}
         elif path == "/bench/reset" and method == "POST":
