@@ -284,6 +284,7 @@ def sends_since(
 # `send_pending` with the history of its two moves (created, then email 1 enqueued), its
 # email (store.enqueue.created_message_sql) and the send. Anything else writes nothing and
 # the caller rolls back and takes the readable path, which decides that case as before.
+# The two send counts are sends_since's, each read from its own index alone.
 
 _REQUEST_SQL = f"""
 WITH blocked AS (
@@ -292,12 +293,12 @@ WITH blocked AS (
     SELECT 1 FROM email_verifications
     WHERE tenant_id = :tenant AND email = :email
       AND state IN ({", ".join(f"'{s.value}'" for s in UNFINISHED)})
-), recent AS (
-    SELECT count(*) FILTER (WHERE email = :email) AS by_email, count(*) AS by_tenant
-    FROM verification_sends WHERE tenant_id = :tenant AND at > :since
 ), allowed AS (
-    SELECT 1 FROM recent
-    WHERE by_email < :per_email AND by_tenant < :per_tenant
+    SELECT 1
+    WHERE (SELECT count(*) FROM verification_sends
+           WHERE tenant_id = :tenant AND email = :email AND at > :since) < :per_email
+      AND (SELECT count(*) FROM verification_sends
+           WHERE tenant_id = :tenant AND at > :since) < :per_tenant
       AND NOT EXISTS (SELECT 1 FROM blocked) AND NOT EXISTS (SELECT 1 FROM present)
 ), took AS (
     INSERT INTO idempotency_records (tenant_id, idempotency_key, created_at, expires_at,
