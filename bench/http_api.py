@@ -132,6 +132,7 @@ async def open_loop(
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     latencies: list[float] = []
     failures = 0
+    statuses: dict[int, int] = {}  # the answers other than 201
 
     async def one(i: int, due: float) -> None:
         nonlocal failures
@@ -154,11 +155,13 @@ async def open_loop(
             await reader.readexactly(length)
         except (OSError, asyncio.IncompleteReadError, IndexError, ValueError):
             failures += 1
+            statuses[0] = statuses.get(0, 0) + 1  # 0: no answer (connection error)
             writer.close()
             return
         latencies.append(time.perf_counter() - due)
         if status != 201:
             failures += 1
+            statuses[status] = statuses.get(status, 0) + 1
         idle.append((reader, writer))
 
     n = max(1, int(rate * seconds))
@@ -180,6 +183,7 @@ async def open_loop(
     return {
         "requests": n,
         "failures": failures,
+        "failed_statuses": statuses,
         "p50_ms": pct(0.50),
         "p99_ms": pct(0.99),
         "max_ms": round(latencies[-1] * 1000, 2),
