@@ -397,30 +397,25 @@ class SMTPProvider(SendOneByOne):
             mail += b"\r\n"
             if connection.pipelining:
                 wire.write(b"".join((mail, *envelope.rcpt_to, b"DATA\r\n")))
-                answers = len(envelope.rcpt_to) + 2
             else:
                 wire.write(mail)
-                answers = 1
             reply = await wire.reply(timeout)
-            answers -= 1
             if reply.code != REPLY_COMPLETED:
-                await _skip(wire, answers, reply, timeout)
+                if connection.pipelining:  # RCPT TO and DATA were answered too
+                    await _skip(wire, len(envelope.rcpt_to) + 1, reply, timeout)
                 raise SMTPResponseException(reply.code, reply.message)
             phase = Phase.RCPT
             replies = []
             for command in envelope.rcpt_to:
                 if not connection.pipelining:
                     wire.write(command)
-                    answers += 1
                 reply = await wire.reply(timeout)
-                answers -= 1
                 if reply.code == REPLY_SERVICE_CLOSING:
                     wire.close()  # the session is over, not just this recipient
                     raise SMTPResponseException(reply.code, reply.message)
                 replies.append(reply)
             if connection.pipelining:
                 start = await wire.reply(timeout)  # DATA's, in turn
-                answers -= 1
                 if start.code == REPLY_START_INPUT and REPLY_COMPLETED not in {
                     r.code for r in replies
                 }:
