@@ -1,9 +1,11 @@
 """What the peer benchmarks share: the job body, the result, scratch databases, worker
 processes and the drain measurement.
 
-Timing: `seconds` runs from the moment the first worker process is spawned (so start-up
-counts, as it does for mailbag's workers) to the last hand-off the sink noted, using the
-sink's own timestamps; `per_second` is distinct handed-off ids / `seconds`.
+Timing: with `drain`, `seconds` runs from the moment the first worker process is spawned
+(so start-up counts) to the last hand-off the sink noted, using the sink's own timestamps;
+`drain_idle` (bench/versus.py's PgQueuer) times as mailbag's dispatch benchmark does, from
+the COMMIT of the enqueue that idle workers see. `per_second` is distinct handed-off ids /
+`seconds`.
 
 The sink keeps notes in memory and writes them at exit or on `flush()`. Job runners may
 never reach atexit (Celery's pool children leave with `os._exit`), and the drain is
