@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from mailbag.compose import OutgoingEmail
@@ -34,6 +36,7 @@ from mailbag.providers.brevo import (
     BrevoLookupError,
     BrevoProvider,
     brevo_idempotency_key,
+    encode_json,
 )
 from mailbag.settings import Settings
 
@@ -760,6 +763,17 @@ async def test_text_only_and_html_emails_never_share_a_call(
         "user3@example.com": (None, "Hello 3"),
     }
     assert sorted(len(r.versions) for r in brevo.send_requests()) == [2, 2]
+
+
+# Text as emails carry it: any code point but lone surrogates (no encoding carries them).
+_TEXT = st.text(st.characters(exclude_categories=["Cs"]))
+
+
+@given(st.dictionaries(_TEXT, st.lists(st.dictionaries(_TEXT, _TEXT), max_size=3), max_size=4))
+def test_a_request_body_is_the_json_httpx_would_have_written(payload: dict[str, Any]) -> None:
+    # orjson encodes it, for speed; the bytes must be exactly the standard encoder's.
+    expected = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    assert encode_json(payload) == expected.encode()
 
 
 async def test_a_call_never_holds_more_than_2000_recipients(brevo: BrevoServer) -> None:
