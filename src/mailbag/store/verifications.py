@@ -284,7 +284,9 @@ def sends_since(
 # `send_pending` with the history of its two moves (created, then email 1 enqueued), its
 # email (store.enqueue.created_message_sql) and the send. Anything else writes nothing and
 # the caller rolls back and takes the readable path, which decides that case as before.
-# The two send counts are sends_since's, each read from its own index alone.
+# The two send counts are sends_since's, each read from its own index alone; the tenant's
+# stops at its limit (whether it is reached is all the statement needs; the readable path
+# counts all of them for Retry-After).
 
 _REQUEST_SQL = f"""
 WITH blocked AS (
@@ -297,8 +299,8 @@ WITH blocked AS (
     SELECT 1
     WHERE (SELECT count(*) FROM verification_sends
            WHERE tenant_id = :tenant AND email = :email AND at > :since) < :per_email
-      AND (SELECT count(*) FROM verification_sends
-           WHERE tenant_id = :tenant AND at > :since) < :per_tenant
+      AND (SELECT count(*) FROM (SELECT 1 FROM verification_sends
+           WHERE tenant_id = :tenant AND at > :since LIMIT :per_tenant) AS upto) < :per_tenant
       AND NOT EXISTS (SELECT 1 FROM blocked) AND NOT EXISTS (SELECT 1 FROM present)
 ), took AS (
     INSERT INTO idempotency_records (tenant_id, idempotency_key, created_at, expires_at,
