@@ -12,6 +12,8 @@ from typing import Any
 
 from sqlalchemy import (
     ARRAY,
+    Integer,
+    String,
     Uuid,
     any_,
     bindparam,
@@ -396,7 +398,9 @@ def _first_use_statement() -> Any:
         "record_expires_at": idempotency_records.c.expires_at.type,
         "blocked_email": suppressions.c.email.type,
     }
-    return text(_FIRST_USE_SQL).bindparams(*(bindparam(k, type_=t) for k, t in types.items()))
+    statement = text(_FIRST_USE_SQL).bindparams(*(bindparam(k, type_=t) for k, t in types.items()))
+    # Its answer's columns, named (docs/sql records the statement from them).
+    return statement.columns(took=Integer, made=Integer, history=Integer, notified=String)
 
 
 _FIRST_USE: list[Any] = []  # built once: SQLAlchemy then reuses its compiled form

@@ -221,6 +221,38 @@ OPERATIONS: list[Operation] = [
         samples={"idempotency_key": "k", "tenant_id": TENANT, "address": SENDER},
     ),
     Operation(
+        enqueue.enqueue_first_use,
+        {
+            # POST /v1/messages with a new key on PostgreSQL (one To, no from, no
+            # attachments): record, message and history in one statement (autocommit).
+            "row": enqueue.first_use_row(
+                new_message(
+                    to="ada@example.com",
+                    template="welcome",
+                    data={"name": "Ada"},
+                    tenant_id=TENANT,
+                    idempotency_key="k",
+                ),
+                NOW,
+                5,
+            ),
+            "record": idempotency.complete_record(
+                tenant_id=TENANT,
+                key="k",
+                operation="POST /v1/messages",
+                fingerprint=DIGEST,
+                now=NOW,
+                expires_at=NOW + timedelta(hours=24),
+                resource_id=str(IDS[0]),
+                status=201,
+                body={"id": str(IDS[0])},
+            ),
+            "now": NOW,
+            "actor": "api",
+        },
+        samples={"took": 1, "made": 1, "history": 1},
+    ),
+    Operation(
         dispatch.claim,
         {"worker_id": "worker-1", "now": NOW, "lease": timedelta(minutes=5), "limit": 10},
         samples={"status": Status.PROCESSING.value, "previous_state": Status.PENDING.value},
