@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 
+import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
@@ -100,13 +102,27 @@ def _mysql_options(
 
 
 def json_loads(data: str | bytes) -> Any:
-    """json.loads, but the empty object and array (most rows' headers, tags and metadata:
-    several per claimed message) are made without parsing."""
+    """json.loads, faster: the empty object and array (most rows' headers, tags and
+    metadata: several per claimed message) are made without parsing, and the rest is
+    parsed by orjson (~20x faster for a template's data) unless it could hold an integer
+    beyond 64 bits, which orjson would turn into a float (json.loads keeps it exact), or
+    anything else orjson refuses (a lone surrogate): those go to json.loads."""
     if data == b"{}" or data == "{}":
         return {}
     if data == b"[]" or data == "[]":
         return []
+    long_number = _LONG_DIGITS_BYTES if isinstance(data, bytes) else _LONG_DIGITS
+    if long_number.search(data) is None:  # type: ignore[arg-type]
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
     return json.loads(data)
+
+
+# 19 digits in a row: maybe an integer orjson cannot keep exact (2**63 has 19 digits).
+_LONG_DIGITS = re.compile("[0-9]{19}")
+_LONG_DIGITS_BYTES = re.compile(b"[0-9]{19}")
 
 
 def _engine_options(
