@@ -380,6 +380,19 @@ def _request_statement() -> Any:
     return text(sql).bindparams(*(bindparam(k, type_=t) for k, t in types.items()))
 
 
+async def _roll_back(conn: AsyncConnection, pg: Any) -> None:
+    """End the pipeline's failed transaction; a connection that cannot is never reused."""
+    import psycopg
+
+    try:
+        if not pg.closed:
+            await pg.execute("ROLLBACK")
+            return
+    except psycopg.Error:
+        pass
+    await conn.invalidate()
+
+
 def _all_written(answer: Any) -> bool:
     verification, moves, sends, made, made_history = answer[:5]
     return bool(verification == sends == made == made_history == 1 and moves == 2)
@@ -491,11 +504,10 @@ async def request_in_one_round_trip(
             await pg.execute("COMMIT")
         answer = await statement.fetchone()
     except psycopg.IntegrityError:
-        await pg.execute("ROLLBACK")  # the error skipped the pipeline's COMMIT
+        await _roll_back(conn, pg)  # the error skipped the pipeline's COMMIT
         return False  # a unique index: another row was first; nothing was written
     except psycopg.Error as exc:
-        if not pg.closed:
-            await pg.execute("ROLLBACK")
+        await _roll_back(conn, pg)
         # As SQLAlchemy would raise it (an OperationalError is the database being down).
         raise DBAPIError.instance(
             _PIPELINED["sql"], None, exc, psycopg.Error, connection_invalidated=pg.closed
