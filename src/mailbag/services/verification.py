@@ -424,11 +424,19 @@ class Verifications:
         self, tx: AsyncSession, tenant_id: str, email: str, now: datetime
     ) -> None:
         hour = timedelta(hours=1)
-        for scope, limit, address in (
-            ("email", self.settings.verification_sends_per_email_per_hour, email),
-            ("tenant", self.settings.verification_sends_per_tenant_per_hour, None),
+        for scope, limit, counting in (
+            (
+                "email",
+                self.settings.verification_sends_per_email_per_hour,
+                store.sends_since(tenant_id, now - hour, email),
+            ),
+            (
+                "tenant",
+                self.settings.verification_sends_per_tenant_per_hour,
+                store.tenant_sends_since(tenant_id, now - hour),  # per-minute counts
+            ),
         ):
-            count, oldest = await tx.run(store.sends_since(tenant_id, now - hour, address))
+            count, oldest = await tx.run(counting)
             if count >= limit:
                 wait = (oldest + hour - now) if oldest else hour
                 raise RateLimited(max(1, int(wait.total_seconds()) + 1), scope)

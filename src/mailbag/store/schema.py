@@ -300,6 +300,18 @@ def _verification_sends(md: MetaData) -> Table:
     )
 
 
+def _verification_send_counts(md: MetaData) -> Table:
+    """A tenant's verification sends per minute: its hourly limit sums at most 61 rows
+    instead of counting every send of the hour (one row per send grows with traffic)."""
+    return _table(
+        "verification_send_counts",
+        md,
+        Column("tenant_id", String(limits.TENANT_ID_MAX), primary_key=True),
+        Column("minute", UTCDateTime, primary_key=True),
+        Column("n", Integer, nullable=False),
+    )
+
+
 def _provider_events(md: MetaData) -> Table:
     """Delivery events from providers' webhooks, raw payload kept, one row per event."""
     return _table(
@@ -502,6 +514,7 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     _email_verifications(md, dialect)
     _verification_events(md)
     _verification_sends(md)
+    _verification_send_counts(md)
     _provider_events(md)
     _suppressions(md)
     _console_sessions(md)
@@ -523,6 +536,7 @@ idempotency_records = metadata.tables["idempotency_records"]
 email_verifications = metadata.tables["email_verifications"]
 verification_events = metadata.tables["verification_events"]
 verification_sends = metadata.tables["verification_sends"]
+verification_send_counts = metadata.tables["verification_send_counts"]
 provider_events = metadata.tables["provider_events"]
 suppressions = metadata.tables["suppressions"]
 console_sessions = metadata.tables["console_sessions"]

@@ -403,6 +403,7 @@ OPERATIONS: list[Operation] = [
         verifications.sends_since,
         {"tenant_id": TENANT, "since": NOW, "email": "ada@example.com"},
     ),
+    Operation(verifications.tenant_sends_since, {"tenant_id": TENANT, "since": NOW}),
     # Idempotency records
     Operation(idempotency.find, {"tenant_id": TENANT, "key": "k-1"}),
     Operation(idempotency.drop_if_expired, {"tenant_id": TENANT, "key": "k-1", "now": NOW}),

@@ -7,7 +7,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -36,6 +36,7 @@ from mailbag.domain.verification import (
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import email_verifications as ev
 from mailbag.store.schema import tenants, verification_events, verification_sends
+from mailbag.store.schema import verification_send_counts as counts
 from mailbag.store.transition import EventSpec, Tracked, apply_transition, history_row, record
 
 if TYPE_CHECKING:  # message_transitions calls this module: no import cycle at run time
@@ -245,14 +246,47 @@ def lock_statement() -> Any:
     )
 
 
+def minute_of(at: datetime) -> datetime:
+    """The minute a send is counted in (PostgreSQL's date_trunc('minute', at) alike)."""
+    return at.replace(second=0, microsecond=0)
+
+
 def record_send(
     *, tenant_id: str, email: str, verification_id: uuid.UUID, now: datetime
 ) -> Plan[None]:
+    """The send's row (the per-address limit counts them) and one more in its tenant's
+    minute (the tenant's limit sums those). Runs under lock_sends, so the UPDATE-then-INSERT
+    cannot race another send of the tenant."""
     yield Step(
         insert(verification_sends).values(
             tenant_id=tenant_id, email=email, verification_id=verification_id, at=now
         )
     )
+    minute = minute_of(now)
+    counted = yield Step(
+        update(counts)
+        .where(counts.c.tenant_id == tenant_id, counts.c.minute == minute)
+        .values(n=counts.c.n + 1)
+    )
+    if counted.rowcount == 0:  # type: ignore[attr-defined]
+        yield Step(insert(counts).values(tenant_id=tenant_id, minute=minute, n=1))
+
+
+def tenant_sends_since(tenant_id: str, since: datetime) -> Plan[tuple[int, datetime | None]]:
+    """How many verification emails the tenant sent since a time, counted by whole minutes:
+    the minute holding `since` counts whole, so at most 61 rows are read whatever the
+    traffic, and the count errs only on the safe side (a send up to one minute older than
+    the hour may still count: the limit is never exceeded in any hour). With the count,
+    when the oldest counted minute stops counting, less an hour (as sends_since's oldest:
+    Retry-After is that plus an hour, less now)."""
+    query = select(
+        func.sum(counts.c.n).label("n"), func.min(counts.c.minute).label("oldest")
+    ).where(counts.c.tenant_id == tenant_id, counts.c.minute >= minute_of(since))
+    row = (yield Step(query)).one()
+    oldest = row.oldest
+    if isinstance(oldest, str):  # SQLite's min() over a datetime column comes back as text
+        oldest = datetime.fromisoformat(oldest).replace(tzinfo=since.tzinfo)
+    return int(row.n or 0), (oldest + timedelta(minutes=1) if oldest else None)
 
 
 def sends_since(
@@ -284,9 +318,9 @@ def sends_since(
 # `send_pending` with the history of its two moves (created, then email 1 enqueued), its
 # email (store.enqueue.created_message_sql) and the send. Anything else writes nothing and
 # the caller rolls back and takes the readable path, which decides that case as before.
-# The two send counts are sends_since's, each read from its own index alone; the tenant's
-# stops at its limit (whether it is reached is all the statement needs; the readable path
-# counts all of them for Retry-After).
+# The address's send count is sends_since's (from its own index); the tenant's is
+# tenant_sends_since's sum of at most 61 per-minute rows, which the statement also adds
+# this send to (`counted`), as record_send does.
 
 _REQUEST_SQL = f"""
 WITH blocked AS (
@@ -299,8 +333,8 @@ WITH blocked AS (
     SELECT 1
     WHERE (SELECT count(*) FROM verification_sends
            WHERE tenant_id = :tenant AND email = :email AND at > :since) < :per_email
-      AND (SELECT count(*) FROM (SELECT 1 FROM verification_sends
-           WHERE tenant_id = :tenant AND at > :since LIMIT :per_tenant) AS upto) < :per_tenant
+      AND (SELECT coalesce(sum(n), 0) FROM verification_send_counts
+           WHERE tenant_id = :tenant AND minute >= date_trunc('minute', :since)) < :per_tenant
       AND NOT EXISTS (SELECT 1 FROM blocked) AND NOT EXISTS (SELECT 1 FROM present)
 ), took AS (
     INSERT INTO idempotency_records (tenant_id, idempotency_key, created_at, expires_at,
@@ -332,6 +366,11 @@ WITH blocked AS (
     INSERT INTO verification_sends (tenant_id, email, verification_id, at)
     SELECT :tenant, :email, id, :now FROM verification
     RETURNING 1
+), counted AS (
+    INSERT INTO verification_send_counts (tenant_id, minute, n)
+    SELECT :tenant, date_trunc('minute', :now), 1 FROM verification
+    ON CONFLICT (tenant_id, minute) DO UPDATE SET n = verification_send_counts.n + 1
+    RETURNING 1
 ), {{message}}
 SELECT
     (SELECT count(*) FROM verification) AS verification,
@@ -339,6 +378,7 @@ SELECT
     (SELECT count(*) FROM sends) AS sends,
     (SELECT count(*) FROM made) AS made,
     (SELECT count(*) FROM made_history) AS made_history,
+    (SELECT count(*) FROM counted) AS counted,
     (SELECT pg_notify('{{channel}}', '') FROM made) AS notified
 """  # noqa: S608 (constant names and states only; every value is a bound parameter)
 
@@ -394,8 +434,8 @@ async def _roll_back(conn: AsyncConnection, pg: Any) -> None:
 
 
 def _all_written(answer: Any) -> bool:
-    verification, moves, sends, made, made_history = answer[:5]
-    return bool(verification == sends == made == made_history == 1 and moves == 2)
+    verification, moves, sends, made, made_history, counted = answer[:6]
+    return bool(verification == sends == made == made_history == counted == 1 and moves == 2)
 
 
 def _request_values(
