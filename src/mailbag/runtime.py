@@ -153,11 +153,15 @@ def _require_sqlite_file(database_url: str) -> None:
 
 def worker_engine(settings: Settings) -> AsyncEngine:
     # Claims, finalizes, lease extensions and sweeps overlap: a handful of connections.
+    # No pre-ping: the worker takes every database error as "wait and retry", so a dead
+    # pooled connection costs one failed batch (SQLAlchemy then drops it and the pool's
+    # others of its age), not a round trip before every claim and finalize.
     return make_async_engine(
         settings.database_url,
         pool_size=4,
         timeout=settings.database_timeout_seconds,
         statement_timeout=settings.database_timeout_seconds,
+        pre_ping=False,
     )
 
 

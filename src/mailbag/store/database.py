@@ -133,11 +133,15 @@ def _engine_options(
     null_pool: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
     statement_timeout: float | None = None,
+    pre_ping: bool = True,
 ) -> dict[str, Any]:
     dialect = dialect_of(url)
     # hide_parameters: a database error's message would carry the statement's values (a
     # recipient, an Idempotency-Key, template data) into every log that prints it.
-    options: dict[str, Any] = {"pool_pre_ping": dialect != "sqlite", "hide_parameters": True}
+    options: dict[str, Any] = {
+        "pool_pre_ping": pre_ping and dialect != "sqlite",
+        "hide_parameters": True,
+    }
     if null_pool:
         options["poolclass"] = NullPool
     elif pool_size is not None and dialect != "sqlite":
@@ -183,6 +187,9 @@ class EngineOptions(TypedDict, total=False):
     null_pool: bool  # no pool: a connection per use (commands that run once)
     timeout: float  # connecting and a silent network (DEFAULT_TIMEOUT)
     statement_timeout: float | None  # each statement; None: no bound (migrations, operators)
+    # A round trip per checkout to find a dead connection first (True); False for callers
+    # that take any database error as "wait and retry" anyway (the worker).
+    pre_ping: bool
 
 
 def make_engine(url: str | URL, **options: Unpack[EngineOptions]) -> Engine:
