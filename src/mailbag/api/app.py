@@ -50,11 +50,15 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # No pre-ping: a round trip before every request's statement. After a database
+        # restart the first request on a dead connection answers 503 (Retry-After) and
+        # SQLAlchemy drops the pool's connections of that age, so the next ones reconnect.
         engine = make_async_engine(
             settings.database_url,
             pool_size=settings.api_pool_size,
             timeout=settings.database_timeout_seconds,
             statement_timeout=settings.database_timeout_seconds,
+            pre_ping=False,
         )
         catalog = templates.load(settings.templates_dir)
         app.state.services = Services(
