@@ -44,6 +44,7 @@ from bench.common import (
     seed,
     start_workers,
     stop_workers,
+    wait_for_http,
     wait_until,
     worker_env,
 )
@@ -90,14 +91,7 @@ def brevo_fake(delay: float = DELAY) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"{url}/bench/records").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(up, timeout=20, interval=0.1)
+        wait_for_http(f"{url}/bench/records", process, timeout=20)
         yield url
     finally:
         os.killpg(process.pid, signal.SIGTERM)

@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
@@ -203,3 +204,17 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+def wait_for_http(url: str, server: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Until a GET of `url` answers 200; fails at once when the server process exits."""
+
+    def up() -> bool:
+        if server.poll() is not None:
+            raise RuntimeError(f"{server.args} exited with {server.returncode}")
+        try:
+            return httpx.get(url).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(up, timeout=timeout, interval=0.1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import tempfile
@@ -12,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import BENCH_SECRET_KEY, ROOT, free_port, scratch_database
+from bench.common import BENCH_SECRET_KEY, ROOT, free_port, scratch_database, wait_for_http
 from mailbag.domain.message import new_message
 from mailbag.services.outbox import enqueue, enqueue_many
 from mailbag.services.tenants import create_tenant
@@ -84,14 +85,14 @@ async def _hammer(base: str, key: str, n: int, parallel: int, round_: str) -> fl
 def http(kind: str, n: int, parallel: int = 32) -> dict[str, Any]:
     """POST /v1/messages (with an Idempotency-Key) through one uvicorn worker process."""
     with tempfile.TemporaryDirectory() as tmp, scratch_database(kind, Path(tmp)) as db:
-        with db.engine.begin() as conn:
-            _, key = create_tenant(conn, "bench")
+        _, key = create_tenant(db.engine, "bench")
         port = free_port()
         env = {
             "MAILBAG_DATABASE_URL": db.url,
             "MAILBAG_LOG_LEVEL": "WARNING",
             "MAILBAG_SECRET_KEY": BENCH_SECRET_KEY,
-            "PYTHONPATH": str(ROOT),
+            # This checkout's code, not whichever one the package is installed from.
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
             "PATH": "/usr/bin:/bin",
         }
         server = subprocess.Popen(
@@ -99,12 +100,7 @@ def http(kind: str, n: int, parallel: int = 32) -> dict[str, Any]:
         )
         base = f"http://127.0.0.1:{port}"
         try:
-            for _ in range(100):
-                try:
-                    if httpx.get(f"{base}/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
+            wait_for_http(f"{base}/healthz", server, timeout=20)
             asyncio.run(_hammer(base, key, min(200, n), parallel, "warm-up"))
             seconds = asyncio.run(_hammer(base, key, n, parallel, "measured"))
         finally:

@@ -32,10 +32,9 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-import httpx
 from sqlalchemy import text
 
-from bench.common import BENCH_SECRET_KEY, ROOT, free_port, scratch_database
+from bench.common import BENCH_SECRET_KEY, ROOT, free_port, scratch_database, wait_for_http
 from mailbag.services.tenants import create_tenant
 
 CONNECTIONS = 32
@@ -202,15 +201,7 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 def _serving(command: list[str], env: dict[str, str], port: int) -> Iterator[int]:
     server = subprocess.Popen(command, env=env, cwd=ROOT)
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None:
-                raise RuntimeError(f"{command} exited with {server.returncode}")
-            time.sleep(0.1)
+        wait_for_http(f"http://127.0.0.1:{port}/healthz", server, timeout=30)
         yield server.pid
     finally:
         server.terminate()

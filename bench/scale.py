@@ -41,6 +41,7 @@ from bench.common import (
     seed,
     start_workers,
     stop_workers,
+    wait_for_http,
     wait_until,
     worker_env,
 )
@@ -219,14 +220,7 @@ def api_memory(db: Database, key: str, requests: int) -> dict[str, Any]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"{base}/healthz").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(up, timeout=60, interval=0.2)
+        wait_for_http(f"{base}/healthz", server)
         started_kib = rss_kib(server.pid)
         with PeakRss(server.pid) as peak:
             latencies = asyncio.run(_drive_api(base, key, requests))
