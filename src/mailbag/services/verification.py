@@ -156,7 +156,7 @@ class Verifications:
     ) -> Response:
         operation = "POST /v1/email-verifications"
         if self.db.dialect == "postgresql":
-            done = await self._request_in_one_statement(tenant_id, key, request, now, operation)
+            done = await self._request_in_one_round_trip(tenant_id, key, request, now, operation)
             if done is not None:
                 return done
 
@@ -348,10 +348,10 @@ class Verifications:
             address_rules=self.settings.address_rules,
         )
 
-    async def _request_in_one_statement(
+    async def _request_in_one_round_trip(
         self, tenant_id: str, key: str, request: VerificationRequest, now: datetime, operation: str
     ) -> Response | None:
-        """PostgreSQL, the common request (store.verifications.request_in_one_statement):
+        """PostgreSQL, the common request (store.verifications.request_in_one_round_trip):
         the tenant's send lock, then one statement. None: it wrote nothing (an unfinished
         verification for the address, a send limit, a suppressed address, a used key); the
         readable path decides that case."""

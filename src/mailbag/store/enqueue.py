@@ -334,7 +334,7 @@ _RECORD_COLUMNS = ("operation", "fingerprint", "resource_id", "response_status",
 def created_message_sql(source: str) -> str:
     """Two CTEs, `made` and `made_history`: a new message row (first_use_row, its columns as
     parameters) and its creation history row, written once per row of CTE `source`. Also
-    for a verification request's email (store.verifications.request_in_one_statement)."""
+    for a verification request's email (store.verifications.request_in_one_round_trip)."""
     columns = ", ".join(_FIRST_USE_COLUMNS)
     values = ", ".join(f":{_SHARED.get(c, c)}" for c in _FIRST_USE_COLUMNS)
     return f"""made AS (

@@ -438,7 +438,11 @@ def _all_written(answer: Any) -> bool:
     return bool(verification == sends == made == made_history == counted == 1 and moves == 2)
 
 
-def _request_values(
+_PIPELINED: dict[str, Any] = {}  # the statement compiled for psycopg, once per process
+
+
+async def request_in_one_round_trip(
+    conn: AsyncConnection,
     verification: Mapping[str, Any],
     message_row: dict[str, Any],
     record: Mapping[str, Any],
@@ -449,12 +453,20 @@ def _request_values(
     now: datetime,
     actor: str,
     detail: str,
-) -> dict[str, Any] | None:
+) -> bool:
+    """A verification request's common case (see above) with its lock and transaction in
+    ONE round trip: BEGIN, the tenant's send lock (lock_sends), the statement and COMMIT go
+    to PostgreSQL together in a psycopg pipeline. The server takes the lock and then runs
+    the statement (a new snapshot: it sees the previous holder's sends) without waiting for
+    the client in between, so the lock is held for the server's work only, not across
+    round trips and the event loop's turns of every other request in flight. `conn` must
+    be in autocommit mode: the pipeline carries its own BEGIN and COMMIT. False: nothing
+    was written (an error rolls back)."""
     from mailbag.store import enqueue
 
     values = enqueue.created_message_values(message_row, now=now, actor=actor)
     if values is None:
-        return None
+        return False
     values.update(
         verification_id=verification["id"],
         email=verification["email"],
@@ -476,45 +488,6 @@ def _request_values(
         verification_actor=actor[:200],
         move_detail=detail,
     )
-    return values
-
-
-_PIPELINED: dict[str, Any] = {}  # the statement compiled for psycopg, once per process
-
-
-async def request_in_one_round_trip(
-    conn: AsyncConnection,
-    verification: Mapping[str, Any],
-    message_row: dict[str, Any],
-    record: Mapping[str, Any],
-    *,
-    since: datetime,
-    per_email: int,
-    per_tenant: int,
-    now: datetime,
-    actor: str,
-    detail: str,
-) -> bool:
-    """request_in_one_statement with its lock and transaction in ONE round trip: BEGIN, the
-    tenant's send lock (lock_sends), the statement and COMMIT go to PostgreSQL together in a
-    psycopg pipeline. The server takes the lock and then runs the statement (a new snapshot:
-    it sees the previous holder's sends) without waiting for the client in between, so the
-    lock is held for the server's work only, not across round trips and the event loop's
-    turns of every other request in flight. `conn` must be in autocommit mode: the pipeline
-    carries its own BEGIN and COMMIT. False: nothing was written (an error rolls back)."""
-    values = _request_values(
-        verification,
-        message_row,
-        record,
-        since=since,
-        per_email=per_email,
-        per_tenant=per_tenant,
-        now=now,
-        actor=actor,
-        detail=detail,
-    )
-    if values is None:
-        return False
     import psycopg  # here: only PostgreSQL runs this, and other installs may lack psycopg
 
     if not _PIPELINED:
