@@ -118,7 +118,8 @@ def ensure_schema(settings: Settings, *, upgrade: bool) -> None:
     worker and API replicas, which must not race each other to migrate)."""
     if not upgrade:
         _require_sqlite_file(settings.database_url)
-    engine = make_engine(settings.database_url, null_pool=True)
+    # Migrations take long locks and session state: behind PgBouncer they go direct.
+    engine = make_engine(settings.schema_url if upgrade else settings.database_url, null_pool=True)
     try:
         if upgrade:
             migrate.upgrade(engine)
@@ -173,9 +174,7 @@ def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
 
     configure_hooks(settings)
 
-    listen_url = (
-        settings.database_url if dialect_of(settings.database_url) == "postgresql" else None
-    )
+    listen_url = settings.session_url if dialect_of(settings.database_url) == "postgresql" else None
     provider = providers.create(settings.provider, settings)
     reconciler = Reconciler(
         engine,

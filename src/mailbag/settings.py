@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     # How long the API and the worker wait for the database (a connect, a statement, a
     # request's database work) before it counts as unavailable: 503 with Retry-After.
     database_timeout_seconds: float = Field(5.0, gt=0, le=3600)
+    # Behind PgBouncer in transaction mode: LISTEN and the scheduler's lock need a session of
+    # their own (a direct connection, LISTEN_URL), and migrations one that may take long
+    # locks (MIGRATE_URL). Unset: DATABASE_URL.
+    listen_url: str | None = None
+    migrate_url: str | None = None
 
     provider: ProviderName = "file"
     file_dir: Path = Path("mail")
@@ -111,6 +116,15 @@ class Settings(BaseSettings):
     sns_cert_hosts: str = r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$"
     reconcile_every_seconds: float = Field(60.0, gt=0)
     reconcile_flag_after_minutes: float = Field(60.0, gt=0)
+    # Periodic jobs (reconciliation, purge, expiries) run on one replica, elected with a
+    # database lock; a replica tries to take it this often, so a dead holder is replaced
+    # within this long.
+    scheduler_lease_seconds: float = Field(15.0, gt=0, le=3600)
+    purge_after_days: float = Field(30.0, ge=0)  # finished messages kept this long; 0: never purged
+    # Messages per second for the whole fleet through this provider; unset: no limit. A
+    # provider's own throttling answer lowers it for PROVIDER_RATE_COOLDOWN_SECONDS.
+    provider_rate: float | None = Field(None, gt=0)
+    provider_rate_cooldown_seconds: float = Field(60.0, gt=0)
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(8025, ge=0, le=65535)
@@ -129,6 +143,8 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(None, ge=0, le=65535)  # `worker`: serve /metrics here
     metrics_token: SecretStr | None = None  # set: /metrics wants `Authorization: Bearer ...`
     metrics_tenant_labels: bool = False  # per-tenant series name tenant ids: off unless asked
+    # A scrape reads the outbox's gauges from the database at most this often per process.
+    metrics_cache_seconds: float = Field(15.0, ge=0, le=3600)
 
     # Event hooks (domain/hooks.py). HOOKS_KEY encrypts endpoint secrets at rest; unset or
     # empty turns hooks off everywhere: no fan-out, no deliveries, admin routes answer 404.
@@ -192,11 +208,23 @@ class Settings(BaseSettings):
         """Derives each verification email's token from the key (API and worker alike)."""
         return Tokens(keys.derive(self.key, TOKEN_PURPOSE))
 
-    @field_validator("database_url")
+    @field_validator("database_url", "listen_url", "migrate_url")
     @classmethod
-    def _known_database(cls, value: str) -> str:
-        dialect_of(value)  # raises UnsupportedDatabase with a clear message
+    def _known_database(cls, value: str | None) -> str | None:
+        if value is not None:
+            dialect_of(value)  # raises UnsupportedDatabase with a clear message
         return value
+
+    @property
+    def session_url(self) -> str:
+        """A direct connection's URL, for what needs a session of its own (LISTEN, the
+        scheduler's lock): LISTEN_URL, else DATABASE_URL."""
+        return self.listen_url or self.database_url
+
+    @property
+    def schema_url(self) -> str:
+        """Where schema changes run: MIGRATE_URL, else DATABASE_URL."""
+        return self.migrate_url or self.database_url
 
     @cached_property
     def address_rules(self) -> AddressRules:
