@@ -121,6 +121,9 @@ class Settings(BaseSettings):
     # within this long.
     scheduler_lease_seconds: float = Field(15.0, gt=0, le=3600)
     purge_after_days: float = Field(30.0, ge=0)  # finished messages kept this long; 0: never purged
+    # How often the scheduler purges, drops expired idempotency records and expires stale
+    # verifications (each run is cheap when there is little to do: indexed, in short chunks).
+    maintenance_every_seconds: float = Field(300.0, gt=0)
     # Messages per second for the whole fleet through this provider; unset: no limit. A
     # provider's own throttling answer lowers it for PROVIDER_RATE_COOLDOWN_SECONDS.
     provider_rate: float | None = Field(None, gt=0)
