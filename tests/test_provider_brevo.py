@@ -26,6 +26,7 @@ from mailbag.domain.delivery import (
     Disabled,
     Rejected,
     SendOutcome,
+    Throttled,
     decide,
 )
 from mailbag.domain.policy import RetryPolicy
@@ -260,14 +261,14 @@ async def test_a_wrong_api_key_is_rejected_and_not_echoed(brevo: BrevoServer) ->
     assert "xkeysib-wrong" not in outcome.error and "xkeysib-wrong" not in repr(wrong)
 
 
-async def test_rate_limit_is_deferred_until_brevos_reset(
+async def test_rate_limit_is_throttled_until_brevos_reset(
     brevo: BrevoServer, provider: BrevoProvider
 ) -> None:
     brevo.rate_limit_next(reset_seconds=17)
 
     outcome = await provider.send(outgoing_email(0))
 
-    assert isinstance(outcome, Deferred)
+    assert isinstance(outcome, Throttled)
     assert outcome.retry_after == timedelta(seconds=17)
     assert "too_many_requests" in outcome.error
 
@@ -279,7 +280,7 @@ async def test_rate_limit_without_brevos_header_falls_back_to_retry_after(
 
     outcome = await provider.send(outgoing_email(0))
 
-    assert isinstance(outcome, Deferred) and outcome.retry_after == timedelta(seconds=42)
+    assert isinstance(outcome, Throttled) and outcome.retry_after == timedelta(seconds=42)
 
 
 async def test_server_error_is_deferred(brevo: BrevoServer, provider: BrevoProvider) -> None:

@@ -34,7 +34,7 @@ from moto.server import ThreadedMotoServer
 from moto.ses.models import ses_backends
 from moto.sesv2.responses import SESV2Response
 
-from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected
+from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, Throttled
 from mailbag.providers import create
 from mailbag.providers.ses import MESSAGE_ID_TAG, TENANT_ID_TAG, SESProvider, outcome_for
 from mailbag.settings import Settings
@@ -379,7 +379,7 @@ def rejects_echoing_the_authorization(handler: BaseHTTPRequestHandler, _: Script
 @pytest.mark.parametrize(
     ("answer", "expected", "error_part"),
     [
-        (throttled, Deferred, "TooManyRequestsException"),
+        (throttled, Throttled, "TooManyRequestsException"),
         (internal_error, Deferred, "HTTP 500"),
         (hangs, Ambiguous, "ReadTimeoutError"),
         (closes_without_answering, Ambiguous, "ConnectionClosedError"),
@@ -413,7 +413,7 @@ async def test_throttling_passes_on_the_retry_after_hint(
 
     outcome = await make_provider(server.url).send(outgoing_email(5))
 
-    assert isinstance(outcome, Deferred)
+    assert isinstance(outcome, Throttled)
     assert outcome.retry_after is not None
     assert outcome.retry_after.total_seconds() == 7
 
@@ -523,11 +523,11 @@ def client_error(code: str, status: int) -> ClientError:
         (client_error("UnrecognizedClientException", 403), Disabled),
         (client_error("AccessDeniedException", 403), Rejected),  # may concern one sender only
         (client_error("LimitExceededException", 400), Deferred),
-        (client_error("Throttling", 400), Deferred),
+        (client_error("Throttling", 400), Throttled),
         (client_error("ServiceUnavailable", 503), Deferred),
         (client_error("MailFromDomainNotVerifiedException", 400), Rejected),
         (client_error("NotFoundException", 404), Rejected),
-        (client_error("SomethingNew", 429), Deferred),
+        (client_error("SomethingNew", 429), Throttled),
         (client_error("SomethingNew", 502), Deferred),
         (client_error("SomethingNew", 409), Rejected),
         (NoRegionError(), Disabled),

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mailbag import providers
-from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected
+from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, Throttled
 from mailbag.providers.base import Provider
 from mailbag.providers.smtp import (
     OUTCOME_TABLE,
@@ -566,12 +566,14 @@ async def test_a_server_demanding_auth_we_lack_disables_sending(
         ("rcpt", "550 5.1.1 No such user", Rejected),
         ("data", "451 4.3.0 Not now", Deferred),
         ("data", "554 5.7.1 Transaction failed", Rejected),
+        # Amazon SES's SMTP interface over its sending rate: no attempt spent.
+        ("mail", "454 4.7.0 Throttling failure: Maximum sending rate exceeded.", Throttled),
     ],
 )
 async def test_a_refusal_before_the_content_is_known_not_delivered(
     at: Any,
     reply: str,
-    expected: type[Deferred | Rejected],
+    expected: type[Deferred | Rejected | Throttled],
     smtp_server: RecordingSMTPServer,
     make_provider: ProviderFactory,
 ) -> None:

@@ -171,6 +171,7 @@ def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
     from mailbag.services.reconciliation import Reconciler
     from mailbag.worker import PeriodicJob, Worker, WorkerConfig
     from mailbag.worker.hooks import deliverer
+    from mailbag.worker.rate import rate_limit
 
     configure_hooks(settings)
 
@@ -197,6 +198,7 @@ def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
         config=config,
         listen_url=listen_url,
         jobs=jobs,
+        rate_limit=rate_limit(settings),  # PROVIDER_RATE, shared by the fleet
     )
 
 

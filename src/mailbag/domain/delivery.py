@@ -1,6 +1,6 @@
 """What a send attempt can end in, and what the outbox does about each outcome.
 
-Providers translate their protocol's answers into one of five outcomes (each provider keeps
+Providers translate their protocol's answers into one of six outcomes (each provider keeps
 its mapping in one table); `decide` turns an outcome into the next transition. The one rule
 that matters most: an outcome the provider may have accepted is never retried blindly. It
 becomes `unknown`, unless the provider deduplicates by an idempotency key and the retry
@@ -37,7 +37,7 @@ class Rejected:
 
 @dataclass(frozen=True)
 class Deferred:
-    """A failure known to precede acceptance (connection refused, DNS, SMTP 4xx, HTTP 429/5xx).
+    """A failure known to precede acceptance (connection refused, DNS, SMTP 4xx, HTTP 5xx).
     Safe to retry; `retry_after` is the provider's own hint, if it gave one."""
 
     error: str
@@ -65,7 +65,18 @@ class Disabled:
     reason: str
 
 
-SendOutcome = Accepted | Rejected | Deferred | Ambiguous | Disabled
+@dataclass(frozen=True)
+class Throttled:
+    """The provider refused for its own rate limit before taking anything (HTTP 429, SES
+    `Throttling`): not the message's fault, so no attempt is spent. The worker hands it
+    back and slows the whole fleet down (domain.rate); `retry_after` is the provider's own
+    hint, if it gave one."""
+
+    error: str
+    retry_after: timedelta | None = None
+
+
+SendOutcome = Accepted | Rejected | Deferred | Ambiguous | Disabled | Throttled
 
 # Keep a margin inside the provider's key window: clocks differ and requests take time.
 KEY_WINDOW_MARGIN = 0.8
@@ -117,6 +128,14 @@ def decide(
         return Decision(Action.RELEASE, error=outcome.reason)
 
     keyed_since = attempt.ambiguous_since
+    if isinstance(outcome, Throttled):
+        # Released unsent, ambiguous_since kept: a keyed retry goes on under its key, but
+        # only while the provider still remembers it (the same rule as for a retry below).
+        if keyed_since is not None and key_window is not None:
+            _, too_late = _key_room(keyed_since, key_window, now, outcome.error)
+            if too_late is not None:
+                return too_late
+        return Decision(Action.RELEASE, error=outcome.error)
     if isinstance(outcome, Ambiguous):
         if key_window is None or not outcome.keyed:
             return Decision(
@@ -128,13 +147,9 @@ def decide(
 
     if keyed_since is not None and key_window is not None:
         # An earlier try under this key may have been accepted: only the same key is safe.
-        deadline = keyed_since + key_window * KEY_WINDOW_MARGIN
-        room = deadline - now
-        if room < MIN_KEYED_RETRY_ROOM:
-            return Decision(
-                Action.MARK_UNKNOWN,
-                error=f"{outcome.error} (the provider's idempotency window has run out)",
-            )
+        room, too_late = _key_room(keyed_since, key_window, now, outcome.error)
+        if too_late is not None:
+            return too_late
         delay = min(policy.delay(attempt.number, rng), room / 2)
         if isinstance(outcome, Deferred) and outcome.retry_after:
             delay = min(max(delay, outcome.retry_after), room / 2)
@@ -154,6 +169,18 @@ def decide(
     if outcome.retry_after is not None:
         delay = max(delay, outcome.retry_after)
     return Decision(Action.RETRY, error=outcome.error, next_attempt_at=now + delay)
+
+
+def _key_room(
+    keyed_since: datetime, key_window: timedelta, now: datetime, error: str
+) -> tuple[timedelta, Decision | None]:
+    """How long the provider still remembers the key, and the `unknown` decision once that
+    is too short for another try under it (None: there is room)."""
+    room = keyed_since + key_window * KEY_WINDOW_MARGIN - now
+    if room < MIN_KEYED_RETRY_ROOM:
+        error = f"{error} (the provider's idempotency window has run out)"
+        return room, Decision(Action.MARK_UNKNOWN, error=error)
+    return room, None
 
 
 def lapse(expires_at: datetime | None, now: datetime) -> Decision | None:

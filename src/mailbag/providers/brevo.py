@@ -57,7 +57,15 @@ import orjson
 
 from mailbag.compose import MESSAGE_ID_HEADER, OutgoingEmail, message_id_from_rfc
 from mailbag.domain.content import CID_REFERENCE, Address, Attachment
-from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
+from mailbag.domain.delivery import (
+    Accepted,
+    Ambiguous,
+    Deferred,
+    Disabled,
+    Rejected,
+    SendOutcome,
+    Throttled,
+)
 from mailbag.domain.message import Message, ascii_address
 from mailbag.providers import register
 from mailbag.providers.base import Sighting
@@ -96,8 +104,8 @@ IDEMPOTENCY_WINDOW: Final = timedelta(minutes=30)
 # Brevo requires idempotencyKey to be a UUID; ours is not one, so we send its UUIDv5 under
 # this fixed namespace. Never change it: in-flight retries would stop matching.
 IDEMPOTENCY_NAMESPACE: Final = uuid.UUID("6f1d3c2a-9a57-4b8e-a0f4-5b1e2d7c9e31")
-# Where a Deferred's retry_after comes from, first found first: Brevo's own rate limit
-# reset (seconds), else the standard header.
+# Where a Deferred's or Throttled's retry_after comes from, first found first: Brevo's own
+# rate limit reset (seconds), else the standard header.
 RETRY_AFTER_HEADERS: Final = ("x-sib-ratelimit-reset", "retry-after")
 # Brevo's error code for a request whose idempotencyKey it has already seen.
 DUPLICATE_KEY_CODES: Final = frozenset({"duplicate_parameter", "duplicate_request"})
@@ -111,14 +119,14 @@ RESPONSE_TABLE: Final[OutcomeTable] = (
     (range(300, 400), Deferred),  # a redirect: not processed (check BREVO_BASE_URL)
     (408, Deferred),  # request timeout: Brevo gave up before processing
     (425, Deferred),  # too early: not processed
-    (429, Deferred),  # rate limited: retry after x-sib-ratelimit-reset
+    (429, Throttled),  # rate limited before taking it: no attempt spent, the fleet slows
     # 400/401/403/422 and the other 4xx: the same request will be refused again. Except a
     # keyed send's duplicate_parameter: Ambiguous, keyed=False (see the module doc).
     (range(400, 500), Rejected),
     (range(500, 600), Deferred),  # Brevo answered with an error: it did not take it
 )
-"""How an HTTP answer from `POST /v3/smtp/email` becomes an outcome. A Deferred carries
-`RETRY_AFTER_HEADERS` as its retry_after; error texts carry the status and Brevo's `code`
+"""How an HTTP answer from `POST /v3/smtp/email` becomes an outcome. A Deferred or Throttled
+carries `RETRY_AFTER_HEADERS` as its retry_after; error texts carry the status and Brevo's `code`
 and `message`, never the API key."""
 
 TRANSPORT_TABLE: Final[OutcomeTable] = (

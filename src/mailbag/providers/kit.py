@@ -3,7 +3,7 @@
 Rules kept here, once:
 
 - Outcome tables name the domain's outcome classes (`Accepted`, `Rejected`, `Deferred`,
-  `Ambiguous`, `Disabled` in domain.delivery), never a provider's own vocabulary. A
+  `Ambiguous`, `Disabled`, `Throttled` in domain.delivery), never a provider's own vocabulary. A
   first-match table (`first_match`) is rows of (key, outcome class): a `str` key is the
   provider's error code, an `int` or `range` an HTTP status, an exception class a failure
   raised on the way; a failure no row matches is Ambiguous, because nobody can prove the
@@ -32,13 +32,28 @@ from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Final, NoReturn
 
-from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
+from mailbag.domain.delivery import (
+    Accepted,
+    Ambiguous,
+    Deferred,
+    Disabled,
+    Rejected,
+    SendOutcome,
+    Throttled,
+)
 from mailbag.domain.message import ascii_domain
 
 ERROR_TEXT_MAX: Final = 500
 REDACTED: Final = "[redacted]"
 
-OutcomeClass = type[Accepted] | type[Rejected] | type[Deferred] | type[Ambiguous] | type[Disabled]
+OutcomeClass = (
+    type[Accepted]
+    | type[Rejected]
+    | type[Deferred]
+    | type[Ambiguous]
+    | type[Disabled]
+    | type[Throttled]
+)
 TableKey = str | int | range | type[BaseException]
 OutcomeTable = Sequence[tuple[TableKey, OutcomeClass]]
 
@@ -88,9 +103,11 @@ def failure_outcome(
 ) -> SendOutcome:
     """The outcome a table row names, for a send that ended in `error` (scrubbed already).
     `keyed`: whether the request carried this email's own idempotency key (see
-    `Ambiguous.keyed`); `retry_after`: the provider's hint, kept by a Deferred only."""
+    `Ambiguous.keyed`); `retry_after`: the provider's hint, kept by a Deferred or Throttled only."""
     if outcome_class is Deferred:
         return Deferred(error, retry_after=retry_after)
+    if outcome_class is Throttled:
+        return Throttled(error, retry_after=retry_after)
     if outcome_class is Ambiguous:
         return Ambiguous(error, keyed=keyed)
     if outcome_class is Disabled:

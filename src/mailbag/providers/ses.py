@@ -45,7 +45,15 @@ from botocore.exceptions import (
 )
 
 from mailbag.compose import OutgoingEmail
-from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
+from mailbag.domain.delivery import (
+    Accepted,
+    Ambiguous,
+    Deferred,
+    Disabled,
+    Rejected,
+    SendOutcome,
+    Throttled,
+)
 from mailbag.providers import register
 from mailbag.providers.base import SendOneByOne
 from mailbag.providers.kit import (
@@ -69,10 +77,11 @@ TENANT_ID_TAG: Final = "mailbag_tenant_id"
 _TAG_VALUE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
 ERROR_OUTCOMES: Final[OutcomeTable] = (
-    # SES answered with an error code: it did not take the message.
-    ("Throttling", Deferred),
-    ("ThrottlingException", Deferred),
-    ("TooManyRequestsException", Deferred),
+    # SES answered with an error code: it did not take the message. Throttled: the send
+    # rate (or the daily quota) was reached; no attempt spent, the fleet slows down.
+    ("Throttling", Throttled),
+    ("ThrottlingException", Throttled),
+    ("TooManyRequestsException", Throttled),
     ("LimitExceededException", Deferred),
     ("InternalFailure", Deferred),
     ("ServiceUnavailable", Deferred),
@@ -93,7 +102,7 @@ ERROR_OUTCOMES: Final[OutcomeTable] = (
     ("NotFoundException", Rejected),
     # SES answered with a code not named above: go by the HTTP status.
     (408, Deferred),  # the request did not arrive in time, so nothing was taken
-    (429, Deferred),
+    (429, Throttled),
     (range(500, 600), Deferred),
     (range(400, 500), Rejected),
     # No usable configuration: nothing was sent, and nothing will be until an operator acts.

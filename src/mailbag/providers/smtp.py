@@ -53,7 +53,15 @@ from aiosmtplib import (
 from aiosmtplib.email import quote_address
 
 from mailbag.compose import OutgoingEmail
-from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
+from mailbag.domain.delivery import (
+    Accepted,
+    Ambiguous,
+    Deferred,
+    Disabled,
+    Rejected,
+    SendOutcome,
+    Throttled,
+)
 from mailbag.providers import register
 from mailbag.providers.base import SendOneByOne
 from mailbag.providers.kit import OutcomeClass, describe, envelope_address, failure_outcome, scrub
@@ -149,6 +157,9 @@ Every other ending is (phase, kind of failure) looked up here:
 - CONTENT, after the message bytes started to leave: 4xx Deferred and 5xx Rejected (the
   server answered), 530 Disabled (answered, so not delivered); anything without a reply
   -- timeout, lost connection, TLS error, a garbled reply -- Ambiguous.
+- A Deferred 4xx whose text says the sender is over its rate (`THROTTLE_REPLY`: Amazon
+  SES's "454 Throttling failure: Maximum sending rate exceeded") is Throttled instead: no
+  attempt spent, and the fleet slows down (PROVIDER_RATE).
 
 A reused connection found dead at MAIL FROM (lost, or a 421) is retried once on a fresh
 connection before this table is consulted: the server had not seen the message yet.
@@ -156,6 +167,7 @@ connection before this table is consulted: the server had not seen the message y
 
 del D, R, A, X
 
+THROTTLE_REPLY: Final = re.compile(r"throttl|rate limit|sending rate", re.IGNORECASE)
 _ENHANCED_STATUS = re.compile(r"^\d\.\d{1,3}\.\d{1,3}\s*")
 # "queued as 4BqF3X1Zz5z9sW" (Postfix), "id=1rXyZ-000abc-De" (Exim), or a bare token with a
 # digit in it, 8+ characters long (sendmail "x8AB12345", SES "0100018b...-000000").
@@ -439,6 +451,8 @@ class SMTPProvider(SendOneByOne):
 
     def _outcome(self, failed: StepFailed) -> SendOutcome:
         found = outcome_class(failed.phase, failed.failure)
+        if found is Deferred and failed.is_reply and THROTTLE_REPLY.search(failed.detail):
+            found = Throttled
         where = f"SMTP {self._host}:{self._port}, {failed.phase.value}"
         text = scrub(f"{where}: {failed.detail}", *self._secrets)
         log.debug("smtp: %s -> %s", text, found.__name__)

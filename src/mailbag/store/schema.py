@@ -17,6 +17,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     Computed,
+    Double,
     ForeignKey,
     Index,
     Integer,
@@ -384,6 +385,21 @@ def _deployment(md: MetaData) -> Table:
     )
 
 
+def _provider_rates(md: MetaData) -> Table:
+    """Each provider's send schedule under PROVIDER_RATE, shared by the fleet (domain.rate):
+    the first free slot and the lowered rate after a throttle, in the database's time
+    (seconds since the epoch). One row per provider, written once per claimed batch."""
+    return _table(
+        "provider_rates",
+        md,
+        Column("provider", String(20), primary_key=True),
+        Column("next_slot_at", Double, nullable=False),
+        Column("lowered_rate", Double, nullable=False),
+        Column("lowered_until", Double, nullable=False),
+        Column("lowered_at", Double, nullable=False),
+    )
+
+
 def _attachments(md: MetaData) -> Table:
     """Attachment bytes, once each whatever the number of messages that carry them: the
     key is their SHA-256. `purge` deletes the rows no message references any more."""
@@ -519,6 +535,7 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     _suppressions(md)
     _console_sessions(md)
     _deployment(md)
+    _provider_rates(md)
     _attachments(md)
     _message_attachments(md)
     _tenant_senders(md)
@@ -537,6 +554,7 @@ email_verifications = metadata.tables["email_verifications"]
 verification_events = metadata.tables["verification_events"]
 verification_sends = metadata.tables["verification_sends"]
 verification_send_counts = metadata.tables["verification_send_counts"]
+provider_rates = metadata.tables["provider_rates"]
 provider_events = metadata.tables["provider_events"]
 suppressions = metadata.tables["suppressions"]
 console_sessions = metadata.tables["console_sessions"]

@@ -7,6 +7,8 @@ the caller keeps its own books (tests pass a recorder and the in-memory provider
   composed, never sent.
 - A message whose template does not render is decided `Rejected` at once; it never leaves.
 - Attachments are composed from `contents`, their bytes by SHA-256, read with the claim.
+- Under PROVIDER_RATE the chunk waits for its send slot (`not_before`, monotonic), once
+  composed.
 - Just before the send, `progress.start` may refuse (the worker is stopping): the chunk is
   handed back unsent as `Disabled`, no attempt spent.
 - A provider that raises (a bug in it) may have sent: `Ambiguous`, never keyed, so it is
@@ -82,8 +84,11 @@ class Sender:
         chunk: Sequence[Message],
         progress: Progress,
         contents: Mapping[str, bytes] = NO_CONTENTS,
+        *,
+        not_before: float | None = None,
     ) -> None:
-        """Send `chunk`; `contents` holds its attachments' bytes by SHA-256."""
+        """Send `chunk`; `contents` holds its attachments' bytes by SHA-256; not before the
+        monotonic time `not_before`, if given (its send slot)."""
         now = self.clock()
         config = self.config
         messages: list[Message] = []
@@ -114,6 +119,8 @@ class Sender:
                 emails.append(email)
         if not messages:
             return
+        if not_before is not None and (wait := not_before - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
         if not progress.start(messages):  # claimed but never started: no attempt spent
             for message in messages:
                 self._decided(progress, message, Disabled("worker shutting down before the send"))

@@ -4,6 +4,12 @@ Each claimed chunk is sent by its own task (`Sender.attempt`); the ledger counts
 held and the free slots; decisions go to the outcome writer, which writes them in batches;
 the lease keeper extends everything held. Those side tasks are supervised: one that dies
 stops the worker as SIGTERM would, and `run` raises WorkerFailed once drained.
+
+Under PROVIDER_RATE (`rate_limit`) each claim takes its send slots from the fleet's schedule
+in one statement (worker/rate.py); each chunk leaves at its last message's slot, a claim
+holds at most HORIZON_SECONDS' worth of the rate, and claiming waits while the fleet's
+schedule runs further ahead than that. A throttled send is released (no attempt spent)
+and lowers the fleet's rate; without PROVIDER_RATE it pauses this worker's claims instead.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag import log, metrics, wakeup
 from mailbag.clock import Clock, utcnow
-from mailbag.domain.delivery import Decision, Disabled, SendOutcome
+from mailbag.domain import rate
+from mailbag.domain.delivery import Decision, Disabled, SendOutcome, Throttled
 from mailbag.domain.message import Message
 from mailbag.domain.states import Action
 from mailbag.providers.base import Provider
@@ -31,11 +38,15 @@ from mailbag.worker.database import WorkerDatabase, Written
 from mailbag.worker.failures import DB_ERRORS, Backoff
 from mailbag.worker.leases import LeaseKeeper
 from mailbag.worker.ledger import BACKLOG_FACTOR, Decided, Ledger
+from mailbag.worker.rate import FleetRate, Slots
 from mailbag.worker.report import Report
 from mailbag.worker.supervisor import SideTasks, run_regularly
 from mailbag.worker.writer import OutcomeWriter
 
 FINALIZER = "mailbag-finalizer"
+# Without PROVIDER_RATE, a throttled worker pauses its claims this long (doubling, reset by
+# a send), or for the provider's retry-after hint when that is longer.
+THROTTLE_BACKOFF = (1.0, 60.0)
 
 
 class Worker:
@@ -50,6 +61,7 @@ class Worker:
         rng: random.Random | None = None,
         listen_url: str | None = None,
         jobs: Sequence[PeriodicJob] = (),
+        rate_limit: rate.RateLimit | None = None,
     ) -> None:
         self.provider, self.config, self.clock = provider, config, clock
         self.listen_url, self.jobs = listen_url, list(jobs)
@@ -63,6 +75,17 @@ class Worker:
             clock=clock,
         )
         self.sender = Sender(provider, catalog, config, clock, rng or random.Random(), self.log)
+        self.fleet_rate = (
+            FleetRate(
+                engine,
+                provider=provider.name,
+                limit=rate_limit,
+                timeout=config.db_timeout,
+                log=self.log,
+            )
+            if rate_limit is not None
+            else None
+        )
         self.ledger = Ledger(config.concurrency)
         self.writer: OutcomeWriter[Decided, Written] = OutcomeWriter(
             self.database.finalize,
@@ -81,6 +104,7 @@ class Worker:
         self.paused_until = 0.0  # monotonic time until which claiming is paused
         self.db_backoff = Backoff(*config.db_backoff)
         self.disabled_backoff = Backoff(*config.disabled_backoff)
+        self.throttle_backoff = Backoff(*THROTTLE_BACKOFF)
         self.last_sweep = 0.0
         self.report = Report(self.log, provider.name)
 
@@ -95,6 +119,7 @@ class Worker:
             provider=self.provider.name,
             concurrency=self.config.concurrency,
             batch_size=self.config.batch_size,
+            provider_rate=self.fleet_rate.limit.per_second if self.fleet_rate else None,
         )
         async with self._side_tasks():
             loop = asyncio.get_running_loop()
@@ -154,20 +179,40 @@ class Worker:
             if free <= 0:
                 return False
             limit = min(self.config.batch_size, free)
+            if self.fleet_rate is not None:
+                limit = min(limit, rate.claim_limit(self.fleet_rate.in_force))
             started = time.perf_counter()
             claim = await self.database.claim(limit)
             metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
             metrics.CLAIM_BATCH.observe(len(claim.messages))
             self.db_backoff.reset()
         except DB_ERRORS as exc:
-            delay = self.db_backoff.next()
-            self.log.warning("database_unavailable", error=describe(exc), retry_in=delay)
-            self.paused_until = time.monotonic() + delay
+            self._database_unavailable(exc)
             return False
-        if claim.messages:
-            self.report.stats["claimed"] += len(claim.messages)
-            self._dispatch(claim.token, claim.messages, claim.contents)
+        if not claim.messages:
+            return False
+        self.report.stats["claimed"] += len(claim.messages)
+        slots = None
+        if self.fleet_rate is not None:
+            try:
+                slots = await self.fleet_rate.reserve(len(claim.messages))
+            except DB_ERRORS as exc:
+                # Claimed, but no slot to send them in: hand them back unsent.
+                self.ledger.claimed(claim.token, claim.messages)
+                unsent = Decision(Action.RELEASE, error=f"no send slot: {describe(exc)}")
+                for message in claim.messages:
+                    self.writer.put(self.ledger.decided(message, unsent))
+                self._database_unavailable(exc)
+                return False
+            # Claim again once the fleet's schedule runs less than a horizon ahead.
+            self.paused_until = max(self.paused_until, slots.schedule_end - rate.HORIZON_SECONDS)
+        self._dispatch(claim.token, claim.messages, claim.contents, slots)
         return len(claim.messages) == limit
+
+    def _database_unavailable(self, exc: BaseException) -> None:
+        delay = self.db_backoff.next()
+        self.log.warning("database_unavailable", error=describe(exc), retry_in=delay)
+        self.paused_until = time.monotonic() + delay
 
     async def _maybe_sweep(self) -> None:
         # Our own rows whose outcome is known but not yet written must not be swept to
@@ -205,10 +250,20 @@ class Worker:
         token: uuid.UUID,
         messages: Sequence[Message],
         contents: Mapping[str, bytes] = NO_CONTENTS,
+        slots: Slots | None = None,
     ) -> None:
+        """Send `messages` in chunks, each no earlier than its last message's slot."""
         self.ledger.claimed(token, messages)
-        for chunk in chunks(messages, self.provider.max_batch_size):
-            task = asyncio.create_task(self.sender.attempt(chunk, self, contents))
+        size = self.provider.max_batch_size
+        if slots is not None:
+            size = min(size, rate.chunk_limit(slots.grant.rate))
+        sent = 0
+        for chunk in chunks(messages, size):
+            sent += len(chunk)
+            not_before = slots.at(sent - 1) if slots is not None else None
+            task = asyncio.create_task(
+                self.sender.attempt(chunk, self, contents, not_before=not_before)
+            )
             self.send_tasks.add(task)
             task.add_done_callback(self.send_tasks.discard)
 
@@ -225,9 +280,29 @@ class Worker:
             delay = self.disabled_backoff.next()
             self.paused_until = max(self.paused_until, time.monotonic() + delay)
             self.log.warning("provider_disabled", reason=outcome.reason, pause_seconds=delay)
+        elif isinstance(outcome, Throttled):
+            self._throttled(outcome)
         elif decision.action is Action.MARK_SENT:
             self.disabled_backoff.reset()
+            self.throttle_backoff.reset()
         self.writer.put(self.ledger.decided(message, decision))
+
+    def _throttled(self, outcome: Throttled) -> None:
+        """The provider throttled a send: slow the fleet down (or, without PROVIDER_RATE,
+        this worker)."""
+        if self.fleet_rate is not None:
+            if self.fleet_rate.reporting is None or self.fleet_rate.reporting.done():
+                self.log.warning("provider_throttled", error=outcome.error)
+            self.fleet_rate.report_throttle(outcome.retry_after)
+            return
+        if self.stopping:
+            return
+        delay = self.throttle_backoff.next()
+        if outcome.retry_after is not None:
+            delay = max(delay, outcome.retry_after.total_seconds())
+        if time.monotonic() + delay > self.paused_until:
+            self.paused_until = time.monotonic() + delay
+            self.log.warning("provider_throttled", error=outcome.error, pause_seconds=delay)
 
     def _written(self, batch: list[Decided], results: Written) -> None:
         """The writer wrote `batch`: forget it, and tell what became of it."""
@@ -252,5 +327,7 @@ class Worker:
         for message in self.ledger.unstarted():
             outcome = Disabled("worker shutting down")
             self.decided(message, outcome, self.sender.decide(message, outcome))
+        if self.fleet_rate is not None:
+            await self.fleet_rate.aclose()
         if not await self.writer.drain(max(self.config.shutdown_grace, 5.0)):
             self.log.error("shutdown_with_unwritten_outcomes", count=self.ledger.unwritten)

@@ -1,0 +1,176 @@
+"""The fleet's send rate (PROVIDER_RATE): one schedule of send slots per provider, kept in
+one database row that every replica shares. Pure arithmetic here; store/rate.py runs it.
+
+The rules:
+- At rate r the fleet's slots are 1/r seconds apart. `next_slot_at` is the first slot no
+  one holds (the "theoretical arrival time" of GCRA, the token bucket's other form).
+  Taking n slots: start = max(next_slot_at, now); next_slot_at = start + n / r. Time left
+  idle is not banked, so over any W seconds the whole fleet holds at most r * W + 1 slots:
+  the rate is never exceeded, whatever the number of workers.
+- `now` is the database's clock, never a worker's: replicas on several machines share one
+  clock. Times are seconds since the epoch (a float keeps microseconds for centuries).
+- A worker takes the slots for a whole claim at once (one short statement per batch) and
+  sends each chunk no earlier than the slot of its last message. A chunk holds at most
+  CHUNK_SECONDS' worth of the rate, so a batch call never bursts far past it.
+- A provider's own throttling answer lowers the rate for the fleet: to LOWER_FACTOR of
+  the rate in force, until now + the cooldown. Throttles within SETTLE_SECONDS of the last
+  lowering only extend the cooldown (they were sent at the old rate); never below
+  MIN_FRACTION of PROVIDER_RATE. The provider's retry-after hint holds back every slot
+  until then (never beyond the cooldown).
+
+The formulas are written once, over `Ops`: evaluated on floats (the tests, and MariaDB,
+which has no UPDATE ... RETURNING and so reads the row under a lock) and as SQL
+expressions inside one UPDATE (PostgreSQL, SQLite). The same code decides both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# A worker claims at most this many seconds' worth of the rate at once, and claims again
+# only once the fleet's schedule runs less than this far ahead: a claimed message waits
+# about this long for its slot at most, not a whole backlog's worth.
+HORIZON_SECONDS = 1.0
+# A chunk (one provider call) holds at most this many seconds' worth of the rate: a batch
+# of k emails leaves at its last slot, so a provider that counts per second may see up to
+# k - 1 more than the rate in one second. 2% of the rate (and at least one email).
+CHUNK_SECONDS = 0.02
+LOWER_FACTOR = 0.8  # a throttle takes a fifth off the rate in force
+SETTLE_SECONDS = 1.0  # throttles this soon after a lowering answer sends made before it
+MIN_FRACTION = 0.01  # the lowest a throttled rate goes, as a share of PROVIDER_RATE
+
+# A float, or a SQL expression: the formulas below run on both (see the module doc).
+Num = Any
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """PROVIDER_RATE (messages a second, for the whole fleet) and how long a provider's
+    throttle lowers it (PROVIDER_RATE_COOLDOWN_SECONDS)."""
+
+    per_second: float
+    cooldown: float
+
+    def __post_init__(self) -> None:
+        if self.per_second <= 0 or self.cooldown <= 0:
+            raise ValueError("a rate limit needs a positive rate and cooldown")
+
+
+class Ops(Protocol):
+    """What the formulas need beyond + - * / and comparisons."""
+
+    def greatest(self, a: Num, b: Num) -> Num: ...
+
+    def least(self, a: Num, b: Num) -> Num: ...
+
+    def when(self, condition: Any, then: Num, otherwise: Num) -> Num: ...
+
+
+class FloatOps:
+    """`Ops` on plain floats."""
+
+    def greatest(self, a: float, b: float) -> float:
+        return max(a, b)
+
+    def least(self, a: float, b: float) -> float:
+        return min(a, b)
+
+    def when(self, condition: Any, then: float, otherwise: float) -> float:
+        return then if condition else otherwise
+
+
+FLOATS = FloatOps()
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A provider's row: the first free slot, and the lowered rate while it lasts."""
+
+    next_slot_at: Num
+    lowered_rate: Num  # in force while lowered_until is ahead (0: never lowered)
+    lowered_until: Num
+    lowered_at: Num  # when the rate was last lowered
+
+
+@dataclass(frozen=True)
+class Reservation:
+    first_slot: Num  # the first slot taken; the i-th is first_slot + i / rate
+    rate: Num  # the rate the slots were taken at
+    next_slot_at: Num  # the row's next free slot after this reservation
+
+
+def rate_in_force(ops: Ops, bucket: Bucket, *, now: Num, rate: float) -> Num:
+    """PROVIDER_RATE, or the lowered rate while a throttle's cooldown lasts."""
+    return ops.when(bucket.lowered_until > now, ops.least(bucket.lowered_rate, rate), rate)
+
+
+def reserve(ops: Ops, bucket: Bucket, *, now: Num, rate: float, count: Any) -> Reservation:
+    """Take `count` consecutive slots, the first at the next free one (or now)."""
+    in_force = rate_in_force(ops, bucket, now=now, rate=rate)
+    start = ops.greatest(bucket.next_slot_at, now)
+    return Reservation(start, in_force, start + count / in_force)
+
+
+def throttled(
+    ops: Ops,
+    bucket: Bucket,
+    *,
+    now: Num,
+    rate: float,
+    cooldown: float,
+    retry_after: float | None,
+) -> Bucket:
+    """The row after the provider throttled a send (see the rules above).
+
+    Each field depends only on fields after it in Bucket's order of assignment
+    (lowered_rate, lowered_at, lowered_until, next_slot_at): an UPDATE that assigns them in
+    that order means the same whether its SET sees old values (the SQL standard) or new
+    ones (MySQL's left to right)."""
+    settling = bucket.lowered_at > now - SETTLE_SECONDS
+    lowered = ops.greatest(
+        rate_in_force(ops, bucket, now=now, rate=rate) * LOWER_FACTOR, rate * MIN_FRACTION
+    )
+    hold = min(retry_after or 0.0, cooldown)
+    return Bucket(
+        lowered_rate=ops.when(settling, bucket.lowered_rate, lowered),
+        lowered_at=ops.when(settling, bucket.lowered_at, now),
+        lowered_until=now + cooldown,
+        next_slot_at=ops.greatest(bucket.next_slot_at, now + hold),
+    )
+
+
+def new_bucket(now: float) -> Bucket:
+    """A provider's first row: nothing reserved, never lowered."""
+    return Bucket(next_slot_at=now, lowered_rate=0.0, lowered_until=0.0, lowered_at=0.0)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Slots a worker holds for one claim, in the database's time, and that time when
+    they were taken: the worker turns them into delays on its own clock."""
+
+    count: int
+    first_slot: float
+    rate: float
+    now: float
+
+    def delay(self, index: int) -> float:
+        """Seconds from when the grant was taken until slot `index` (0-based)."""
+        return max(0.0, self.first_slot + index / self.rate - self.now)
+
+    @property
+    def ahead(self) -> float:
+        """How far ahead of `now` the fleet's schedule ran after this grant."""
+        return self.first_slot + self.count / self.rate - self.now
+
+
+def claim_limit(rate: float) -> int:
+    """The most a worker claims at once under `rate` (HORIZON_SECONDS' worth)."""
+    return max(1, math.ceil(rate * HORIZON_SECONDS))
+
+
+def chunk_limit(rate: float) -> int:
+    """The most emails one provider call carries under `rate` (CHUNK_SECONDS' worth)."""
+    return max(1, int(rate * CHUNK_SECONDS))

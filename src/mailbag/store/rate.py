@@ -1,0 +1,168 @@
+"""The fleet's send schedule per provider (`provider_rates`): the SQL that runs domain.rate.
+
+- `reserve` takes a claim's slots in one statement on PostgreSQL and SQLite: an UPDATE
+  whose SET is domain.rate's formula written as SQL, RETURNING the row and the clock it
+  read. MariaDB has no UPDATE ... RETURNING: it reads the row under a lock and writes the
+  formula's value (two statements in one short transaction, like its claim).
+- `throttle` lowers the rate for every replica: one UPDATE on every database.
+- Time is the database's, read once per statement: PostgreSQL's clock_timestamp() (not
+  now(), the transaction's start), MariaDB's SYSDATE(6) as its locking read returns the row
+  (NOW(6), the statement's start, in the throttle), SQLite's julianday('now').
+- The row is made by the first reservation that finds none (an insert that skips a taken
+  key, then the reservation again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Double,
+    case,
+    cast,
+    extract,
+    func,
+    literal_column,
+    select,
+    update,
+)
+
+from mailbag.database_url import Dialect
+from mailbag.domain import rate as rules
+from mailbag.domain.rate import FLOATS, Bucket, Grant
+from mailbag.store.plan import Plan, Step, current_dialect
+from mailbag.store.schema import provider_rates as pr
+from mailbag.store.types import insert_into
+
+_COLUMNS = (pr.c.next_slot_at, pr.c.lowered_rate, pr.c.lowered_until, pr.c.lowered_at)
+_BUCKET = Bucket(*_COLUMNS)
+_UNIX_EPOCH_JULIAN_DAY = 2440587.5
+
+
+class SQLOps:
+    """domain.rate's `Ops` as SQL expressions on one dialect."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.sqlite = dialect == "sqlite"
+
+    def greatest(self, a: Any, b: Any) -> ColumnElement[float]:
+        return func.max(a, b) if self.sqlite else func.greatest(a, b)
+
+    def least(self, a: Any, b: Any) -> ColumnElement[float]:
+        return func.min(a, b) if self.sqlite else func.least(a, b)
+
+    def when(self, condition: Any, then: Any, otherwise: Any) -> ColumnElement[float]:
+        return case((condition, then), else_=otherwise)
+
+
+def _now(dialect: Dialect) -> ColumnElement[float]:
+    """The database's time in seconds since the epoch, read once however often a statement
+    uses it."""
+    if dialect == "postgresql":
+        # clock_timestamp() changes at every call: read once, in a (materialized) CTE.
+        clock = select(cast(extract("epoch", func.clock_timestamp()), Double).label("now"))
+        return select(clock.cte("clock").c.now).scalar_subquery()
+    if dialect == "mysql":
+        return literal_column("UNIX_TIMESTAMP(NOW(6))", Double)  # the statement's start
+    return (func.julianday("now") - _UNIX_EPOCH_JULIAN_DAY) * 86400.0
+
+
+# MariaDB's time as a locking read returns its row, after any wait for the lock. Written
+# out: SQLAlchemy renders func.sysdate as a bare SYSDATE (whole seconds).
+_MYSQL_LOCKED_NOW = literal_column("UNIX_TIMESTAMP(SYSDATE(6))", Double)
+
+
+def reserve(*, provider: str, count: int, rate: float) -> Plan[Grant]:
+    """Take `count` consecutive send slots from `provider`'s schedule at PROVIDER_RATE
+    `rate` (or the lowered rate in force), for the whole fleet; the answer says when each
+    slot comes, on the database's clock."""
+    dialect = yield from current_dialect()
+    for _ in range(2):  # the second time, after making the row
+        if dialect == "mysql":
+            grant = yield from _reserve_locked(provider, count, rate)
+        else:
+            grant = yield from _reserve_returning(dialect, provider, count, rate)
+        if grant is not None:
+            return grant
+        now = (yield Step(select(_now(dialect).label("now")))).scalar_one()
+        row = {"provider": provider, **vars(rules.new_bucket(float(now)))}
+        insert = insert_into(dialect, pr).values(**row)
+        if dialect == "mysql":
+            yield Step(insert.on_duplicate_key_update(provider=pr.c.provider))
+        else:
+            yield Step(insert.on_conflict_do_nothing(index_elements=[pr.c.provider]))
+    raise LookupError(f"no provider_rates row for {provider!r}")  # the insert made it: a bug
+
+
+def _reserve_returning(
+    dialect: Dialect, provider: str, count: int, rate: float
+) -> Plan[Grant | None]:
+    now = _now(dialect)
+    taken = rules.reserve(SQLOps(dialect), _BUCKET, now=now, rate=rate, count=count)
+    statement = (
+        update(pr)
+        .where(pr.c.provider == provider)
+        .values(next_slot_at=taken.next_slot_at)
+        .returning(pr.c.next_slot_at, pr.c.lowered_rate, pr.c.lowered_until, now.label("now"))
+    )
+    row = (yield Step(statement)).first()
+    if row is None:
+        return None
+    # The row after the update, and the clock it read: the slots taken end at next_slot_at.
+    after = Bucket(float(row.next_slot_at), float(row.lowered_rate), float(row.lowered_until), 0.0)
+    in_force = rules.rate_in_force(FLOATS, after, now=float(row.now), rate=rate)
+    first = after.next_slot_at - count / in_force
+    return Grant(count, first, in_force, float(row.now))
+
+
+def _reserve_locked(provider: str, count: int, rate: float) -> Plan[Grant | None]:
+    read = select(*_COLUMNS, _MYSQL_LOCKED_NOW.label("now")).where(pr.c.provider == provider)
+    row = (yield Step(read.with_for_update())).first()
+    if row is None:
+        return None
+    bucket = Bucket(*(float(value) for value in row[:4]))
+    now = float(row.now)
+    taken = rules.reserve(FLOATS, bucket, now=now, rate=rate, count=count)
+    yield Step(update(pr).where(pr.c.provider == provider).values(next_slot_at=taken.next_slot_at))
+    return Grant(count, taken.first_slot, taken.rate, now)
+
+
+def throttle(
+    *, provider: str, rate: float, cooldown: float, retry_after: float | None = None
+) -> Plan[bool]:
+    """The provider throttled a send: lower `provider`'s rate for every replica for
+    `cooldown` seconds, and hold back every slot for its `retry_after` hint, if any. False
+    when the provider has no row (nothing was reserved, so nothing was sent)."""
+    dialect = yield from current_dialect()
+    now = _now(dialect)
+    after = rules.throttled(
+        SQLOps(dialect),
+        _BUCKET,
+        now=now,
+        rate=rate,
+        cooldown=cooldown,
+        retry_after=retry_after,
+    )
+    # Assigned in the order domain.rate.throttled names: the same on MariaDB, whose SET
+    # sees the values assigned before it.
+    values: Mapping[Any, Any] = {
+        pr.c.lowered_rate: after.lowered_rate,
+        pr.c.lowered_at: after.lowered_at,
+        pr.c.lowered_until: after.lowered_until,
+        pr.c.next_slot_at: after.next_slot_at,
+    }
+    statement = update(pr).where(pr.c.provider == provider).ordered_values(*values.items())
+    result = yield Step(statement)
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def schedule(*, provider: str) -> Plan[tuple[Bucket, float] | None]:
+    """`provider`'s row and the database's time: what an operator (or a test) looks at."""
+    dialect = yield from current_dialect()
+    read = select(*_COLUMNS, _now(dialect).label("now")).where(pr.c.provider == provider)
+    row = (yield Step(read)).first()
+    if row is None:
+        return None
+    return Bucket(*(float(value) for value in row[:4])), float(row.now)
