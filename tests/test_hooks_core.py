@@ -756,7 +756,7 @@ async def test_a_stopping_deliverer_hands_its_batch_back_without_spending_an_att
 async def test_the_worker_runs_the_deliverer_and_fans_out_only_with_hooks_key(db, tmp_path):
     from mailbag import runtime
 
-    for key, expected_jobs in (("", ["reconciled"]), (HOOKS_KEY, ["reconciled", "hooks"])):
+    for key, expected_jobs in (("", ["scheduler"]), (HOOKS_KEY, ["scheduler", "hooks"])):
         settings = settings_for(
             db, hooks_key=key, hook_max_attempts=4, provider="file", file_dir=tmp_path
         )

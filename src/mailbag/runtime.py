@@ -169,7 +169,7 @@ def worker_engine(settings: Settings) -> AsyncEngine:
 def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
     from mailbag import providers, templates
     from mailbag.services.reconciliation import Reconciler
-    from mailbag.worker import PeriodicJob, Worker, WorkerConfig
+    from mailbag.worker import PeriodicJob, Worker, WorkerConfig, scheduler
     from mailbag.worker.hooks import deliverer
     from mailbag.worker.rate import rate_limit
 
@@ -187,7 +187,16 @@ def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
     async def reconcile(now: datetime) -> Mapping[str, int]:
         return await reconciler.run_once(now, message_domain=config.message_id_domain)
 
-    jobs = [PeriodicJob("reconciled", settings.reconcile_every_seconds, reconcile)]
+    # Reconciliation and housekeeping once across the fleet, on the elected replica.
+    jobs = [
+        scheduler.elect(
+            settings,
+            [
+                PeriodicJob("reconciled", settings.reconcile_every_seconds, reconcile),
+                *scheduler.maintenance_jobs(settings, engine),
+            ],
+        )
+    ]
     hooks = deliverer(settings, engine)
     if hooks is not None:  # HOOKS_KEY set: event hooks are delivered beside the mail
         jobs.append(PeriodicJob("hooks", settings.poll_interval, hooks.run_once, hooks.aclose))

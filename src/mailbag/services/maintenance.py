@@ -1,7 +1,14 @@
-"""Housekeeping an operator runs (`mailbag purge`): old rows go, in short transactions.
+"""Housekeeping: old rows go and stale ones expire, in short transactions.
+
+Two callers run the same chunks: an operator's `mailbag purge` (sync, `purge`) and the
+elected scheduler of the worker fleet (worker/scheduler.py), which runs them on the
+worker's async engine so its event loop never waits on them (`purge_finished`,
+`drop_expired_records`, `expire_verifications`).
 
 Each chunk is its own transaction of at most CHUNK rows, repeated until a chunk comes back
-short, so a large purge never holds locks for long. `unknown` messages are never purged.
+short, so a large purge never holds locks for long. Every chunk is safe to run beside
+another replica running the same one (it deletes or moves only rows its guard still
+matches). `unknown` messages are never purged.
 """
 
 from __future__ import annotations
@@ -10,14 +17,21 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple
 
+from mailbag.domain.verification import VAction
 from mailbag.store import attachments, idempotency, operator
 from mailbag.store.plan import Plan
-from mailbag.store.session import Database
+from mailbag.store.session import AsyncDatabase, Database
+from mailbag.store.transition import EventSpec, apply_transition
+from mailbag.store.verifications import VERIFICATION_ROWS, VerificationFilter, matching
 
 if TYPE_CHECKING:  # engines are handed in, never made here
     from sqlalchemy import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 CHUNK = 1000
+ACTOR = "scheduler"  # the actor of the events these chunks write
+
+Chunk = Callable[[], Plan[int]]  # one short transaction's work: how many rows it took
 
 
 class Purged(NamedTuple):
@@ -26,21 +40,81 @@ class Purged(NamedTuple):
     attachments: int  # attachment contents no message referenced any more
 
 
+def finished_messages(older_than: datetime) -> Chunk:
+    return lambda: operator.purge(older_than=older_than, limit=CHUNK)
+
+
+def expired_records(now: datetime) -> Chunk:
+    return lambda: idempotency.purge_expired(now, limit=CHUNK)
+
+
+def unused_attachments() -> Chunk:
+    return lambda: attachments.purge_unreferenced(limit=CHUNK)
+
+
+def stale_verifications(now: datetime) -> Chunk:
+    """Verifications whose time is up but that nobody has read since (a read expires them
+    too): moved to `expired`, each with its event. Rows another transaction holds are
+    skipped; the next run takes them."""
+
+    def chunk() -> Plan[int]:
+        moved = yield from apply_transition(
+            VERIFICATION_ROWS,
+            VAction.EXPIRE,
+            where=matching(VerificationFilter(expired_by=now)),
+            values={},
+            now=now,
+            actor=ACTOR,
+            limit=CHUNK,
+            skip_locked=True,
+            event=EventSpec(text="token expired"),
+        )
+        return len(moved)
+
+    return chunk
+
+
 def purge(engine: Engine, *, older_than: datetime, now: datetime) -> Purged:
     """Delete finished messages last changed before `older_than`, every idempotency record
     expired by `now`, then the attachments no message references any more (those of the
     purged messages, unless another message carries the same bytes)."""
-    messages = _in_chunks(engine, lambda: operator.purge(older_than=older_than, limit=CHUNK))
-    records = _in_chunks(engine, lambda: idempotency.purge_expired(now, limit=CHUNK))
-    unused = _in_chunks(engine, lambda: attachments.purge_unreferenced(limit=CHUNK))
+    messages = _in_chunks(engine, finished_messages(older_than))
+    records = _in_chunks(engine, expired_records(now))
+    unused = _in_chunks(engine, unused_attachments())
     return Purged(messages, records, unused)
 
 
-def _in_chunks(engine: Engine, chunk: Callable[[], Plan[int]]) -> int:
+async def purge_finished(engine: AsyncEngine, *, older_than: datetime) -> dict[str, int]:
+    """`purge`'s messages and then their unused attachments, on an async engine."""
+    messages = await _in_chunks_async(engine, finished_messages(older_than))
+    unused = await _in_chunks_async(engine, unused_attachments())
+    return {"messages": messages, "attachments": unused}
+
+
+async def drop_expired_records(engine: AsyncEngine, now: datetime) -> dict[str, int]:
+    return {"records": await _in_chunks_async(engine, expired_records(now))}
+
+
+async def expire_verifications(engine: AsyncEngine, now: datetime) -> dict[str, int]:
+    return {"verifications": await _in_chunks_async(engine, stale_verifications(now))}
+
+
+def _in_chunks(engine: Engine, chunk: Chunk) -> int:
     db, total = Database(engine), 0
     while True:
         with db.transaction() as tx:
-            deleted = tx.run(chunk())
-        total += deleted
-        if deleted < CHUNK:
+            done = tx.run(chunk())
+        total += done
+        if done < CHUNK:
+            return total
+
+
+async def _in_chunks_async(engine: AsyncEngine, chunk: Chunk) -> int:
+    # The twin of _in_chunks: the same plans, awaited (each await lets the loop run).
+    db, total = AsyncDatabase(engine), 0
+    while True:
+        async with db.transaction() as tx:
+            done = await tx.run(chunk())
+        total += done
+        if done < CHUNK:
             return total

@@ -1,0 +1,433 @@
+"""One scheduler among N replicas: the periodic jobs that must run once across the fleet
+(reconciliation, purge, expiries) run on the one replica that holds a database lock.
+
+The lock, per database (`lock_for`):
+- PostgreSQL: a session advisory lock (`pg_try_advisory_lock`) on a connection of its own
+  to SESSION_URL (LISTEN_URL, else DATABASE_URL). A transaction pooler hands each
+  statement any server session, so the lock needs a direct connection: a lock session
+  whose backend changes under it is noticed, logged and given up;
+- MariaDB/MySQL: `GET_LOCK` on a connection of its own. Named locks are server-wide, so
+  the name carries the database's;
+- SQLite: an exclusive `flock` on a file beside the database. Usually one process uses the
+  file (`serve`) and always wins; a second process on the same file (a `worker` beside
+  it) waits its turn like a replica. An in-memory database has a single process: it leads.
+
+Failover: a lock lives as long as its session. When the holder's process dies, its
+connection closes and the server frees the lock (a vanished host: the lock session's TCP
+keepalives on PostgreSQL, its `wait_timeout` on MariaDB, both a few leases long). The
+other replicas try to take it every SCHEDULER_LEASE_SECONDS, so a dead holder is replaced
+within a lease. The holder confirms the lock is still its own before each job it starts
+and at least every third of a lease, and steps down when it is not: its running jobs are
+cancelled (each job is safe to run twice meanwhile; they run on one replica to save work).
+
+The scheduler is one of the worker's periodic jobs (`Scheduler.as_job`) that ticks often;
+each job it runs is a task of its own, so that a long purge never delays the ticks that
+keep the lock. A job's database error is logged and it runs again next time; any other
+error is a bug, and the next tick raises it, which stops the worker (supervisor.py).
+`mailbag_scheduler_leader` is 1 on the replica that leads, 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from prometheus_client import Gauge
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from mailbag import log
+from mailbag.clock import Clock, utcnow
+from mailbag.services import maintenance
+from mailbag.store.database import dialect_of, make_async_engine, within
+from mailbag.worker.config import PeriodicJob
+from mailbag.worker.failures import DB_ERRORS
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+    from mailbag.settings import Settings
+
+SCHEDULER_LEADER = Gauge(
+    "mailbag_scheduler_leader",
+    "1 on the replica that runs the fleet's periodic jobs (it holds the scheduler lock).",
+    multiprocess_mode="livemax",
+)
+
+# Per dialect: (take the lock if free, is it this session's), each with the session's id.
+# PostgreSQL's key is two int4: "mail" (0x6D61696C) and 1, the scheduler; pg_locks shows
+# them as classid and objid, with objsubid 2 for a two-key lock.
+LOCK_SQL = {
+    "postgresql": (
+        "SELECT pg_try_advisory_lock(1835100524, 1), pg_backend_pid()",
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND classid = 1835100524 AND objid = 1 AND objsubid = 2"
+        " AND pid = pg_backend_pid()), pg_backend_pid()",
+    ),
+    "mysql": (
+        "SELECT GET_LOCK(:name, 0) = 1, CONNECTION_ID()",
+        "SELECT COALESCE(IS_USED_LOCK(:name) = CONNECTION_ID(), 0), CONNECTION_ID()",
+    ),
+}
+MYSQL_NAME_MAX = 64  # MariaDB and MySQL refuse longer lock names
+
+
+class Lock(Protocol):
+    """A lock that at most one replica holds, and that dies with its holder."""
+
+    kind: str  # what it is, for the logs
+
+    async def acquire(self) -> bool:
+        """Take the lock if it is free: True if this replica holds it now."""
+        ...
+
+    async def held(self) -> bool:
+        """Whether the lock is still this replica's (False once its session is gone)."""
+        ...
+
+    async def release(self) -> None:
+        """Give the lock up (and the connection it lives on)."""
+        ...
+
+
+class LockLost(Exception):
+    """The lock session no longer holds the lock, or is not one session (why: the text)."""
+
+
+class SessionLock:
+    """A lock held by a database session of its own: PostgreSQL's advisory lock, MariaDB's
+    GET_LOCK. Its connection is autocommit (no transaction is ever left open on it) and
+    each round trip is bounded by `timeout`; any error drops the connection, and with it
+    the lock. Each `acquire` of a follower connects, asks, and disconnects."""
+
+    def __init__(self, url: str, *, lease: float, timeout: float) -> None:
+        self.dialect = dialect_of(url)
+        self.kind = "postgresql advisory lock" if self.dialect == "postgresql" else "mysql GET_LOCK"
+        self.lease, self.timeout = lease, timeout
+        self.engine: AsyncEngine = make_async_engine(
+            url, null_pool=True, timeout=timeout, statement_timeout=None
+        )
+        self.connection: AsyncConnection | None = None
+        self.name = ""  # MariaDB's lock name (it carries the database's)
+        self.session: Any = None  # the server session that took the lock
+
+    async def acquire(self) -> bool:
+        try:
+            if self.connection is None:
+                self.connection = await within(self.timeout, self._connect())
+            got, session = await self._ask(LOCK_SQL[self.dialect][0])
+        except BaseException:
+            await self.release()
+            raise
+        if not got:
+            # A follower keeps no connection between tries: behind a pooler, direct
+            # connections are the scarce ones (the leader's one, and LISTEN's).
+            await self.release()
+            return False
+        self.session = session
+        return True
+
+    async def held(self) -> bool:
+        if self.connection is None or self.session is None:
+            return False  # never taken since the last connect
+        try:
+            held, session = await self._ask(LOCK_SQL[self.dialect][1])
+            if session != self.session:
+                raise LockLost(
+                    "the lock's connection changed sessions under it: a transaction pooler "
+                    "between them? LISTEN_URL must reach the database directly"
+                )
+        except BaseException:
+            await self.release()
+            raise
+        if not held:
+            await self.release()
+        return bool(held)
+
+    async def release(self) -> None:
+        connection, self.connection, self.session = self.connection, None, None
+        if connection is not None:
+            # Closing the session frees the lock; a dead one has nothing left to free.
+            with contextlib.suppress(*DB_ERRORS):
+                await within(self.timeout, connection.close())
+
+    async def dispose(self) -> None:
+        await self.release()
+        await self.engine.dispose()
+
+    async def _connect(self) -> AsyncConnection:
+        connection = await self.engine.connect()
+        connection = await connection.execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            if self.dialect == "postgresql":
+                # A holder whose host vanished loses the lock once the server gives up on
+                # its silent connection: a third of a lease between probes, three probes.
+                probe = str(max(1, round(self.lease / 3)))
+                for setting in ("tcp_keepalives_idle", "tcp_keepalives_interval"):
+                    await connection.execute(
+                        text("SELECT set_config(:name, :value, false)"),
+                        {"name": setting, "value": probe},
+                    )
+                await connection.execute(
+                    text("SELECT set_config('tcp_keepalives_count', '3', false)")
+                )
+            else:
+                # The holder confirms every third of a lease: a session silent for two
+                # leases has lost its holder, and the server ends it (freeing the lock).
+                wait = max(2, math.ceil(self.lease * 2))
+                await connection.execute(text(f"SET SESSION wait_timeout = {wait}"))
+                database = (await connection.execute(text("SELECT DATABASE()"))).scalar_one()
+                self.name = mysql_lock_name(str(database or ""))
+        except BaseException:
+            with contextlib.suppress(*DB_ERRORS):
+                await connection.close()
+            raise
+        return connection
+
+    async def _ask(self, sql: str) -> tuple[Any, Any]:
+        assert self.connection is not None
+        params = {"name": self.name} if self.dialect == "mysql" else {}
+        result = await within(self.timeout, self.connection.execute(text(sql), params))
+        row = result.one()
+        return row[0], row[1]
+
+
+def mysql_lock_name(database: str) -> str:
+    """The scheduler lock's name in this database: server-wide names must tell databases
+    apart, within MariaDB's 64 characters (a long database name is shortened by a hash)."""
+    name = f"mailbag.scheduler.{database}"
+    if len(name) <= MYSQL_NAME_MAX:
+        return name
+    return f"mailbag.scheduler.{hashlib.sha256(database.encode()).hexdigest()[:40]}"
+
+
+class FileLock:
+    """SQLite: an exclusive flock on a file beside the database. The kernel frees it when
+    the process exits, however it exits."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.kind = path, f"file lock {path}"
+        self.fd: int | None = None
+
+    async def acquire(self) -> bool:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
+    async def held(self) -> bool:
+        return self.fd is not None
+
+    async def release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)  # closing the file frees its flock
+
+
+class OnlyProcess:
+    """An in-memory SQLite database, or a system without flock: one process, the leader."""
+
+    kind = "single process"
+
+    async def acquire(self) -> bool:
+        return True
+
+    async def held(self) -> bool:
+        return True
+
+    async def release(self) -> None:
+        return None
+
+
+def lock_for(settings: Settings) -> Lock:
+    """The scheduler lock for this deployment's database (see the module's docstring)."""
+    if dialect_of(settings.database_url) != "sqlite":
+        return SessionLock(
+            settings.session_url,
+            lease=settings.scheduler_lease_seconds,
+            timeout=settings.database_timeout_seconds,
+        )
+    database = make_url(settings.database_url).database
+    if not database or database == ":memory:" or os.name != "posix":
+        return OnlyProcess()
+    return FileLock(Path(f"{database}-scheduler"))
+
+
+@dataclass
+class _Slot:
+    job: PeriodicJob
+    due: float = 0.0  # monotonic seconds
+    task: asyncio.Task[None] | None = None
+
+
+class Scheduler:
+    """Runs `jobs` while this replica holds `lock`; tries to take it every `lease`."""
+
+    def __init__(
+        self,
+        lock: Lock,
+        jobs: Sequence[PeriodicJob],
+        *,
+        lease: float,
+        worker_id: str,
+        clock: Clock = utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lock, self.lease = lock, lease
+        self.slots = [_Slot(job) for job in jobs]
+        self.clock, self.monotonic = clock, monotonic
+        self.log = log.get("mailbag.scheduler", worker_id=worker_id)
+        self.leader = False
+        self.next_try = 0.0  # when a follower tries to take the lock next (monotonic)
+        self.confirmed = 0.0  # when the leader last found the lock its own
+        self.failure: BaseException | None = None  # a job's bug, raised by the next tick
+        SCHEDULER_LEADER.set(0)
+
+    @property
+    def tick_every(self) -> float:
+        # Often enough to confirm the lock three times a lease and to start a job on time.
+        shortest = min((slot.job.every for slot in self.slots), default=self.lease)
+        return max(0.05, min(1.0, self.lease / 3, shortest))
+
+    def as_job(self) -> PeriodicJob:
+        """The scheduler as one of the worker's periodic jobs."""
+        return PeriodicJob("scheduler", self.tick_every, self.tick, self.close)
+
+    async def tick(self, now: datetime) -> Mapping[str, int]:
+        if self.failure is not None:
+            raise self.failure
+        at = self.monotonic()
+        due = [slot for slot in self.slots if slot.task is None and slot.due <= at]
+        if self.leader and (due or at - self.confirmed >= self.lease / 3):
+            await self._confirm(at)
+        if not self.leader and at >= self.next_try:
+            self.next_try = at + self.lease
+            await self._try_to_lead(at)
+            due = self.slots if self.leader else []  # a new leader runs every job at once
+        if self.leader:
+            for slot in due:
+                slot.due = at + slot.job.every
+                slot.task = asyncio.create_task(self._run(slot), name=f"scheduled {slot.job.name}")
+                slot.task.add_done_callback(functools.partial(self._ended, slot))
+        return {}
+
+    async def close(self) -> None:
+        """The worker stopped: cancel what runs, give the lock up for the next replica."""
+        await self._cancel_jobs()
+        was_leader, self.leader = self.leader, False
+        SCHEDULER_LEADER.set(0)
+        with contextlib.suppress(*DB_ERRORS, LockLost):
+            await self.lock.release()
+        if isinstance(self.lock, SessionLock):
+            await self.lock.dispose()
+        if was_leader:
+            self.log.info("scheduler_leader_released", lock=self.lock.kind)
+
+    async def _try_to_lead(self, at: float) -> None:
+        try:
+            got = await self.lock.acquire()
+        except (*DB_ERRORS, LockLost) as exc:
+            self.log.warning("scheduler_lock_unavailable", lock=self.lock.kind, error=_why(exc))
+            return
+        if got:
+            self.leader, self.confirmed = True, at
+            SCHEDULER_LEADER.set(1)
+            self.log.info(
+                "scheduler_leader_gained",
+                lock=self.lock.kind,
+                jobs=[slot.job.name for slot in self.slots],
+            )
+
+    async def _confirm(self, at: float) -> None:
+        try:
+            held = await self.lock.held()
+            reason = "the lock is no longer this replica's"
+        except (*DB_ERRORS, LockLost) as exc:
+            held, reason = False, _why(exc)
+        if held:
+            self.confirmed = at
+            return
+        self.leader = False
+        self.next_try = at + self.lease  # another replica may hold it now: let it lead
+        SCHEDULER_LEADER.set(0)
+        self.log.warning("scheduler_leader_lost", lock=self.lock.kind, reason=reason)
+        await self._cancel_jobs()
+
+    async def _run(self, slot: _Slot) -> None:
+        started = self.monotonic()
+        try:
+            outcome = await slot.job.run(self.clock())
+        except DB_ERRORS as exc:
+            self.log.warning("scheduled_job_failed", job=slot.job.name, error=_why(exc))
+            return
+        seconds = round(self.monotonic() - started, 3)
+        self.log.info("scheduled_job_done", job=slot.job.name, seconds=seconds, **outcome)
+
+    def _ended(self, slot: _Slot, task: asyncio.Task[None]) -> None:
+        slot.task = None
+        if not task.cancelled() and task.exception() is not None and self.failure is None:
+            self.failure = task.exception()
+
+    async def _cancel_jobs(self) -> None:
+        tasks = [slot.task for slot in self.slots if slot.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _why(exc: BaseException) -> str:
+    # A lock error's text could quote the connection's address; its type says enough.
+    return str(exc) if isinstance(exc, LockLost) else type(exc).__name__
+
+
+def maintenance_jobs(settings: Settings, engine: AsyncEngine) -> list[PeriodicJob]:
+    """Purge (unless PURGE_AFTER_DAYS is 0), expired idempotency records and stale
+    verifications, every MAINTENANCE_EVERY_SECONDS, on the worker's engine."""
+    every = settings.maintenance_every_seconds
+    jobs = [
+        PeriodicJob(
+            "idempotency_records_expired",
+            every,
+            functools.partial(maintenance.drop_expired_records, engine),
+        ),
+        PeriodicJob(
+            "verifications_expired",
+            every,
+            functools.partial(maintenance.expire_verifications, engine),
+        ),
+    ]
+    if settings.purge_after_days > 0:
+        keep = timedelta(days=settings.purge_after_days)
+
+        async def purge(now: datetime) -> Mapping[str, int]:
+            return await maintenance.purge_finished(engine, older_than=now - keep)
+
+        jobs.insert(0, PeriodicJob("purged", every, purge))
+    return jobs
+
+
+def elect(settings: Settings, jobs: Sequence[PeriodicJob]) -> PeriodicJob:
+    """`jobs`, run once across the fleet: the worker's periodic job that elects and runs."""
+    scheduler = Scheduler(
+        lock_for(settings),
+        jobs,
+        lease=settings.scheduler_lease_seconds,
+        worker_id=settings.worker_id,
+    )
+    return scheduler.as_job()
