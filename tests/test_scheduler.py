@@ -28,6 +28,7 @@ from api_helpers import settings_for
 from mailbag.domain.verification import VState
 from mailbag.services import maintenance
 from mailbag.store import verifications as verification_store
+from mailbag.store.database import make_engine
 from mailbag.store.plan import run
 from mailbag.store.schema import (
     email_verifications,
@@ -207,6 +208,40 @@ async def test_the_lock_session_is_confirmed_to_be_the_one_that_took_the_lock(db
         assert not scheduler.leader and lock.connection is None  # and the session closed
     finally:
         await scheduler.close()
+
+
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+async def test_a_lock_taken_through_a_transaction_pooler_is_given_up(db, pgbouncer_url):
+    """LISTEN_URL unset and DATABASE_URL a transaction pooler: the lock lands on whichever
+    server connection the pooler lent, and the next statement may reach another."""
+    settings = settings_for(db, database_url=pgbouncer_url, scheduler_lease_seconds=LEASE)
+    lock = lock_for(settings)
+    assert isinstance(lock, SessionLock)
+    scheduler = Scheduler(lock, [], lease=LEASE, worker_id="a", monotonic=lambda: 0.0)
+    pooled = make_engine(pgbouncer_url, null_pool=True)
+    try:
+        await scheduler.tick(T0)
+        assert scheduler.leader
+        taken_on = lock.session
+        with pooled.connect() as other:  # another client's transaction pins that server
+            pinned = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            assert pinned == taken_on  # the pooler lends its idle server connection first
+            scheduler.monotonic = lambda: LEASE
+            await scheduler.tick(T0)
+        assert not scheduler.leader and lock.connection is None
+    finally:
+        await scheduler.close()
+        pooled.dispose()
+        # The lock stays on the pooler's server connection (nothing resets it in
+        # transaction mode): end that session so later tests start free.
+        with db.engine.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND classid = 1835100524 AND database ="
+                    " (SELECT oid FROM pg_database WHERE datname = current_database())"
+                )
+            )
 
 
 async def test_a_jobs_database_error_is_logged_and_it_runs_again_but_a_bug_stops_the_worker():
@@ -413,13 +448,33 @@ def records_left(db: Any) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("db", ["postgresql", "mysql", "sqlite"], indirect=True)
-def test_worker_processes_elect_one_scheduler_and_replace_it_when_killed(db, tmp_path):
-    """SQLite: two workers on one file (a worker beside `serve`); the servers: three."""
+@pytest.mark.parametrize(
+    ("db", "route"),
+    [
+        ("postgresql", "direct"),
+        ("postgresql", "pgbouncer"),
+        ("mysql", "direct"),
+        ("sqlite", "file"),
+    ],
+    indirect=["db"],
+)
+def test_worker_processes_elect_one_scheduler_and_replace_it_when_killed(
+    db, route, tmp_path, request
+):
+    """SQLite: two workers on one file (a worker beside `serve`); the servers: three.
+    PgBouncer: DATABASE_URL through the transaction pooler, LISTEN_URL (and with it the
+    lock session) direct, as fleets deploy it."""
     replicas = 2 if db.dialect == "sqlite" else 3
     add_record(db, "stale", datetime.now(UTC) - timedelta(minutes=1))
+    # PgBouncer: the replicas' queries through the pooler; LISTEN and the lock direct.
+    url, direct = (
+        (request.getfixturevalue("pgbouncer_url"), {"listen_url": db.url})
+        if route == "pgbouncer"
+        else (db.url, {})
+    )
     env = mailbag_env(
-        db.url,
+        url,
+        **direct,
         provider="file",
         file_dir=str(tmp_path / "mail"),
         log_level="INFO",
