@@ -5,4 +5,4 @@
 -- step 1
 SELECT min(claimable_at) AS min_1
 FROM outbox_messages
-WHERE outbox_messages.status IN (:status_1_1, :status_1_2) AND claimable_at <= :claimable_at_1;
+WHERE claimable_at <= :claimable_at_1;

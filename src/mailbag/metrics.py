@@ -6,11 +6,24 @@ the database when /metrics is scraped.
 
 Tenant ids are not shown to whoever scrapes: a series that could name a tenant carries
 `tenant="all"` unless METRICS_TENANT_LABELS is true (`configure`).
+
+Several processes (`mailbag api --workers N`) share their series through prometheus_client's
+multiprocess mode: with PROMETHEUS_MULTIPROC_DIR set before this module is imported, every
+process writes its values to files there and a scrape of any one of them (`registry()`)
+adds up the counters and histograms of all of them; each gauge says how its processes'
+values combine (`multiprocess_mode`).
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import os
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+
+from mailbag.store.stats import COUNT_CAP
+
+# Read once, as prometheus_client reads it once when its values module loads: the two agree.
+MULTIPROCESS_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 ENQUEUED = Counter("mailbag_enqueued_total", "Messages put into the outbox.", ["template"])
 # What each finalize ended in, by the state it left the message in: one counter each.
@@ -96,15 +109,43 @@ HOOK_LEASE_EXPIRATIONS = Counter(
     "Event hook deliveries whose lease expired mid-attempt (retried: a receiver may see "
     "them twice, same webhook-id).",
 )
-MESSAGES = Gauge("mailbag_messages", "Messages by state (read at scrape).", ["state"])
+# The outbox's gauges are read from the database at a scrape, at most once per
+# METRICS_CACHE_SECONDS per process (api/scrape.py); among several processes the newest
+# reading is the one reported ("mostrecent").
+MESSAGES = Gauge(
+    "mailbag_messages",
+    "Messages in each state that is not final (pending, processing, retrying, unknown), "
+    f"counted up to {COUNT_CAP} (read at scrape, cached). Final states: the *_total counters.",
+    ["state"],
+    multiprocess_mode="mostrecent",
+)
 OLDEST_DUE_AGE = Gauge(
     "mailbag_oldest_due_message_age_seconds",
-    "How long the longest-waiting due message has waited (read at scrape).",
+    "How long the longest-waiting due message has waited (read at scrape, cached).",
+    multiprocess_mode="mostrecent",
 )
 UNMATCHED_STORED = Gauge(
     "mailbag_unmatched_provider_events_stored",
-    "Stored provider events matched to no message (read at scrape).",
+    f"Stored provider events matched to no message, counted up to {COUNT_CAP} (read at "
+    "scrape, cached).",
+    multiprocess_mode="mostrecent",
 )
+OUTBOX_READ_AT = Gauge(
+    "mailbag_outbox_gauges_read_timestamp_seconds",
+    "When the outbox's gauges were last read from the database (Unix time): during a "
+    "database outage they keep their last reading, and this says how old it is.",
+    multiprocess_mode="max",
+)
+
+
+def registry() -> CollectorRegistry:
+    """What a scrape reports: this process's registry, or under multiprocess mode every
+    process's series from PROMETHEUS_MULTIPROC_DIR (read afresh at each collection)."""
+    if MULTIPROCESS_DIR is None:
+        return REGISTRY
+    combined = CollectorRegistry()
+    multiprocess.MultiProcessCollector(combined, MULTIPROCESS_DIR)  # type: ignore[no-untyped-call]
+    return combined
 
 
 ALL_TENANTS = "all"

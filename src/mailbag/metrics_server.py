@@ -4,7 +4,8 @@ prometheus_client's WSGI app, served from a daemon thread as its `start_http_ser
 but behind the same rule as the API's /metrics: with METRICS_TOKEN set, only a request with
 `Authorization: Bearer <METRICS_TOKEN>` gets the metrics, any other a 401 (problem+json,
 like the API's); unset, it is open. The token is compared by `keys.bearer_matches`, the
-API's own check.
+API's own check. Under prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR set)
+it serves the series of every process writing there, as the API's /metrics does.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
 
+from mailbag import metrics
 from mailbag.keys import bearer_matches
 
 if TYPE_CHECKING:
@@ -69,7 +71,7 @@ def require_bearer(app: WSGIApplication, token: SecretStr) -> WSGIApplication:
 def start(host: str, port: int, token: SecretStr | None) -> WSGIServer:
     """Listen now (an error, such as a port in use, is raised here) and serve from a daemon
     thread until `server.shutdown()`."""
-    app = make_wsgi_app()
+    app = make_wsgi_app(metrics.registry())
     if token is not None:
         app = require_bearer(app, token)
     # The address family the host needs (an IPv6 address cannot be bound as AF_INET).

@@ -12,22 +12,20 @@ from typing import Any
 import structlog
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mailbag import console, log, metrics, metrics_server, runtime, templates
-from mailbag.api import admin, batch, docs, hooks, messages, verifications, webhooks
+from mailbag import console, log, metrics, runtime, templates
+from mailbag.api import admin, batch, docs, hooks, messages, scrape, verifications, webhooks
 from mailbag.api.deadline import RETRY_AFTER_SECONDS, DatabaseDeadline, database_unavailable
-from mailbag.api.problems import ProblemError, unauthorized
+from mailbag.api.problems import ProblemError
 from mailbag.clock import Clock, utcnow
 from mailbag.domain import storable
 from mailbag.domain.message import InvalidMessage, MessageTooLarge
-from mailbag.keys import bearer_matches
 from mailbag.services import idempotency
 from mailbag.services import messages as message_service
 from mailbag.services import tenants as tenant_service
@@ -36,7 +34,7 @@ from mailbag.services.container import Services
 from mailbag.services.operations import NotAllowed, Operations
 from mailbag.settings import Settings
 from mailbag.store import migrate
-from mailbag.store.database import make_async_engine, within
+from mailbag.store.database import make_async_engine
 
 JSON_BODY_PATHS = ("/v1/messages", "/v1/email-verifications")
 DATABASE_DOWN = (OperationalError, PoolTimeout, ConnectionError, OSError, TimeoutError)
@@ -95,6 +93,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
     app.include_router(webhooks.router)
     app.include_router(admin.router)
     app.include_router(hooks.router)
+    scrape.install(app, settings.metrics_cache_seconds)
     app.state.sns_certificates = webhooks.SnsCertificates(settings.sns_cert_hosts)
     app.state.confirm_subscription = webhooks.confirm_subscription
     install_error_handlers(app)
@@ -114,29 +113,6 @@ def create_app(settings: Settings | None = None, *, clock: Clock = utcnow) -> Fa
     async def healthz() -> dict[str, str]:
         """The process is up."""
         return {"status": "ok"}
-
-    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
-    async def prometheus_metrics(request: Request) -> Response:
-        """Prometheus metrics; the outbox-wide gauges are read from the database now.
-        With METRICS_TOKEN set, only for `Authorization: Bearer <METRICS_TOKEN>`."""
-        svc: Services = request.app.state.services
-        token = settings.metrics_token
-        if token is not None and not bearer_matches(request.headers.get("authorization"), token):
-            raise unauthorized(metrics_server.UNAUTHORIZED_DETAIL, metrics_server.CHALLENGE)
-        try:
-            # Within half the request's deadline: during an outage, when metrics matter
-            # most, the process's own metrics still come out.
-            health = await within(
-                settings.database_timeout_seconds / 2, svc.operations.health(svc.clock())
-            )
-        except DATABASE_DOWN:
-            health = None
-        if health is not None:
-            for state, count in health.counts.items():
-                metrics.MESSAGES.labels(state).set(count)
-            metrics.OLDEST_DUE_AGE.set(health.oldest_due_age_seconds or 0)
-            metrics.UNMATCHED_STORED.set(health.unmatched_provider_events)
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/readyz", tags=["operations"], responses={503: {"description": "Not ready."}})
     async def readyz(request: Request) -> Response:

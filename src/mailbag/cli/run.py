@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -72,9 +76,10 @@ def serve() -> None:
 def api(
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
-    workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
+    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,
 ) -> None:
-    """Serve the HTTP API (and the console) with uvicorn."""
+    """Serve the HTTP API (and the console) with uvicorn; /metrics of any of its worker
+    processes reports the counters of all of them."""
     import uvicorn
 
     from mailbag import log, runtime
@@ -88,7 +93,29 @@ def api(
         config.api_host,
         str(config.api_port),
     )
-    uvicorn.run(**runtime.uvicorn_options(config, workers=workers))
+    with shared_metrics(workers):
+        uvicorn.run(**runtime.uvicorn_options(config, workers=workers))
+
+
+@contextmanager
+def shared_metrics(workers: int) -> Iterator[None]:
+    """Several processes: prometheus_client's multiprocess mode, in a directory of this run's
+    own, removed when the command ends.
+
+    Each process writes its series to files there and a scrape of any one adds them all up;
+    a fresh directory, because files left by an earlier run would be added in too. The
+    processes are spawned afterwards and inherit the variable before they import
+    mailbag.metrics, which is when prometheus_client reads it."""
+    if workers <= 1:
+        yield
+        return
+    directory = tempfile.mkdtemp(prefix="mailbag-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    try:
+        yield
+    finally:
+        del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def check_provider() -> None:

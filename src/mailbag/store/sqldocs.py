@@ -339,6 +339,7 @@ OPERATIONS: list[Operation] = [
     Operation(messages.events, {"message_id": IDS[0]}),
     Operation(messages.count_by_status),
     Operation(stats.oldest_due, {"now": NOW}),
+    Operation(stats.outbox_gauges, {"now": NOW}),
     Operation(stats.sent_per_bucket, {"now": NOW, "buckets": 2}),
     Operation(stats.attempt_endings, {"since": NOW}),
     Operation(stats.oldest_unknown),

@@ -2,17 +2,55 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import ColumnElement, Row, ScalarSelect, Table, func, literal_column, select, true
 
 from mailbag.domain.content import HEAD_START
-from mailbag.domain.states import CLAIMABLE, Status
+from mailbag.domain.states import CLAIMABLE, TERMINAL, Status
 from mailbag.store.dispatch import MYSQL_CLAIMABLE_AT
 from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import message_events as me
 from mailbag.store.schema import outbox_messages as om
+from mailbag.store.schema import provider_events as pe
+
+# The states a scrape counts: the queue and what waits on an operator. Final states only
+# grow (until purge) and a count of them reads the whole table; their fleet-wide totals are
+# the outcome counters (mailbag_sent_total, ...).
+COUNTED_STATES: tuple[Status, ...] = tuple(s for s in Status if s not in TERMINAL)
+# Each count stops here, so a scrape reads at most this many index entries per state
+# however large a backlog grows; the oldest due message's age says how far behind it is.
+COUNT_CAP = 100_000
+
+
+@dataclass(frozen=True)
+class OutboxGauges:
+    """What /metrics reports about the whole outbox, read in three indexed statements."""
+
+    counts: dict[str, int]  # COUNTED_STATES, each at most COUNT_CAP
+    oldest_due: datetime | None
+    unmatched_provider_events: int  # at most COUNT_CAP
+
+
+def outbox_gauges(now: datetime, *, cap: int = COUNT_CAP) -> Plan[OutboxGauges]:
+    """The scrape's numbers: capped counts in one statement (each a range of an index that
+    leads with the filtered column), then `oldest_due`'s two short index ranges."""
+    counts = [_capped_count(om, om.c.status == s.value, cap).label(s.value) for s in COUNTED_STATES]
+    unmatched = _capped_count(pe, pe.c.message_id.is_(None), cap).label("unmatched")
+    row = (yield Step(select(*counts, unmatched))).one()
+    return OutboxGauges(
+        counts={s.value: int(getattr(row, s.value)) for s in COUNTED_STATES},
+        oldest_due=(yield from oldest_due(now)),
+        unmatched_provider_events=int(row.unmatched),
+    )
+
+
+def _capped_count(table: Table, where: ColumnElement[bool], cap: int) -> ScalarSelect[int]:
+    """count(*) of the first `cap` rows matching: the LIMIT inside bounds the index range read."""
+    first = select(literal_column("1")).select_from(table).where(where).limit(cap).subquery()
+    return select(func.count()).select_from(first).scalar_subquery()
 
 
 def oldest_due(now: datetime) -> Plan[datetime | None]:
@@ -23,9 +61,17 @@ def oldest_due(now: datetime) -> Plan[datetime | None]:
     2 * HEAD_START of the earliest one, so two short index ranges find it, however long
     the queue."""
     dialect = yield from current_dialect()
-    order_at = MYSQL_CLAIMABLE_AT if dialect == "mysql" else om.c.claim_order_at
-    claimable = om.c.status.in_([s.value for s in CLAIMABLE])
-    first = select(func.min(order_at)).where(claimable, order_at <= now + HEAD_START)
+    order_at: ColumnElement[datetime]
+    claimable: ColumnElement[bool]
+    if dialect == "mysql":
+        # claimable_at is NULL unless the row is claimable: a range of its index is the
+        # claimable rows, and a status test beside it would only send MariaDB to the rows.
+        order_at, claimable = MYSQL_CLAIMABLE_AT, true()
+    else:  # the partial index's own predicate, so the planner can use it
+        order_at, claimable = om.c.claim_order_at, om.c.status.in_([s.value for s in CLAIMABLE])
+    first = (
+        select(func.min(order_at)).select_from(om).where(claimable, order_at <= now + HEAD_START)
+    )
     earliest = _as_datetime((yield Step(first)).scalar_one(), now)
     if earliest is None:
         return None

@@ -1,0 +1,32 @@
+-- stats.outbox_gauges (postgresql)
+-- The scrape's numbers: capped counts in one statement (each a range of an index that leads
+-- with the filtered column), then `oldest_due`'s two short index ranges.
+-- Written by `python -m mailbag.store.sqldocs` from the plan; do not edit.
+
+-- step 1
+SELECT (SELECT count(*) AS count_1
+FROM (SELECT 1
+FROM outbox_messages
+WHERE outbox_messages.status = :status_1::VARCHAR
+ LIMIT :param_1::INTEGER) AS anon_1) AS pending, (SELECT count(*) AS count_2
+FROM (SELECT 1
+FROM outbox_messages
+WHERE outbox_messages.status = :status_2::VARCHAR
+ LIMIT :param_2::INTEGER) AS anon_2) AS processing, (SELECT count(*) AS count_3
+FROM (SELECT 1
+FROM outbox_messages
+WHERE outbox_messages.status = :status_3::VARCHAR
+ LIMIT :param_3::INTEGER) AS anon_3) AS retrying, (SELECT count(*) AS count_4
+FROM (SELECT 1
+FROM outbox_messages
+WHERE outbox_messages.status = :status_4::VARCHAR
+ LIMIT :param_4::INTEGER) AS anon_4) AS unknown, (SELECT count(*) AS count_5
+FROM (SELECT 1
+FROM provider_events
+WHERE provider_events.message_id IS NULL
+ LIMIT :param_5::INTEGER) AS anon_5) AS unmatched;
+
+-- step 2
+SELECT min(outbox_messages.claim_order_at) AS min_1
+FROM outbox_messages
+WHERE outbox_messages.status IN (:status_1_1::VARCHAR, :status_1_2::VARCHAR) AND outbox_messages.claim_order_at <= :claim_order_at_1::TIMESTAMP WITH TIME ZONE;
