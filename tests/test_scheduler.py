@@ -29,6 +29,7 @@ from mailbag.domain.verification import VState
 from mailbag.services import maintenance
 from mailbag.store import verifications as verification_store
 from mailbag.store.database import make_engine
+from mailbag.store.leadership import FileLock, OnlyProcess, SessionLock, mysql_lock_name
 from mailbag.store.plan import run
 from mailbag.store.schema import (
     email_verifications,
@@ -37,15 +38,7 @@ from mailbag.store.schema import (
     verification_events,
 )
 from mailbag.worker import PeriodicJob
-from mailbag.worker.scheduler import (
-    FileLock,
-    OnlyProcess,
-    Scheduler,
-    SessionLock,
-    lock_for,
-    maintenance_jobs,
-    mysql_lock_name,
-)
+from mailbag.worker.scheduler import Scheduler, lock_for, maintenance_jobs
 from servers import mailbag_env, start_mailbag, stop
 
 from helpers import T0, enqueue
