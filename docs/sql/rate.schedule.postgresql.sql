@@ -5,7 +5,7 @@
 -- step 1
 WITH clock AS
 (SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
- SELECT provider_rates.next_slot_at, provider_rates.lowered_rate, provider_rates.lowered_until, provider_rates.lowered_at, (SELECT clock.now
+ SELECT provider_rates.next_slot_at, provider_rates.lowered_rate, provider_rates.lowered_until, provider_rates.settles_at, (SELECT clock.now
 FROM clock) AS now
 FROM provider_rates
 WHERE provider_rates.provider = :provider_1::VARCHAR;

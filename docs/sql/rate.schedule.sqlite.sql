@@ -3,6 +3,6 @@
 -- Written by `python -m mailbag.store.sqldocs` from the plan; do not edit.
 
 -- step 1
-SELECT provider_rates.next_slot_at, provider_rates.lowered_rate, provider_rates.lowered_until, provider_rates.lowered_at, (julianday(:julianday_1) - :julianday_2) * :param_1 AS now
+SELECT provider_rates.next_slot_at, provider_rates.lowered_rate, provider_rates.lowered_until, provider_rates.settles_at, (julianday(:julianday_1) - :julianday_2) * :param_1 AS now
 FROM provider_rates
 WHERE provider_rates.provider = :provider_1;

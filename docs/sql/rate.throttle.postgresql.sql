@@ -7,10 +7,10 @@
 -- step 1
 WITH clock AS
 (SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
- UPDATE provider_rates SET lowered_rate=CASE WHEN (provider_rates.lowered_at > (SELECT clock.now
-FROM clock) - :param_1) THEN provider_rates.lowered_rate ELSE greatest(CASE WHEN (provider_rates.lowered_until > (SELECT clock.now
-FROM clock)) THEN least(provider_rates.lowered_rate, :least_1) ELSE :param_2 END * :param_3, :greatest_1) END, lowered_at=CASE WHEN (provider_rates.lowered_at > (SELECT clock.now
-FROM clock) - :param_1) THEN provider_rates.lowered_at ELSE (SELECT clock.now
-FROM clock) END, lowered_until=((SELECT clock.now
-FROM clock) + :param_4), next_slot_at=greatest(provider_rates.next_slot_at, (SELECT clock.now
-FROM clock) + :param_5) WHERE provider_rates.provider = :provider_1::VARCHAR;
+ UPDATE provider_rates SET lowered_rate=CASE WHEN (provider_rates.settles_at > (SELECT clock.now
+FROM clock)) THEN provider_rates.lowered_rate ELSE greatest(CASE WHEN (provider_rates.lowered_until > (SELECT clock.now
+FROM clock)) THEN least(provider_rates.lowered_rate, :least_1) ELSE :param_1 END * :param_2, :greatest_1) END, settles_at=CASE WHEN (provider_rates.settles_at > (SELECT clock.now
+FROM clock)) THEN provider_rates.settles_at ELSE greatest(provider_rates.next_slot_at, (SELECT clock.now
+FROM clock)) + :greatest_2 END, lowered_until=((SELECT clock.now
+FROM clock) + :param_3), next_slot_at=greatest(provider_rates.next_slot_at, (SELECT clock.now
+FROM clock) + :param_4) WHERE provider_rates.provider = :provider_1::VARCHAR;

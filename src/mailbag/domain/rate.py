@@ -13,10 +13,11 @@ The rules:
   sends each chunk no earlier than the slot of its last message. A chunk holds at most
   CHUNK_SECONDS' worth of the rate, so a batch call never bursts far past it.
 - A provider's own throttling answer lowers the rate for the fleet: to LOWER_FACTOR of
-  the rate in force, until now + the cooldown. Throttles within SETTLE_SECONDS of the last
-  lowering only extend the cooldown (they were sent at the old rate); never below
-  MIN_FRACTION of PROVIDER_RATE. The provider's retry-after hint holds back every slot
-  until then (never beyond the cooldown).
+  the rate in force, until now + the cooldown; never below MIN_FRACTION of PROVIDER_RATE.
+  The slots taken before a lowering still come at the old rate: throttles until they have
+  passed (and SETTLE_SECONDS more, for the sends in flight) only extend the cooldown, so a
+  burst of 429s lowers the rate once, not once per 429. The provider's retry-after hint
+  holds back every slot until then (never beyond the cooldown).
 
 The formulas are written once, over `Ops`: evaluated on floats (the tests, and MariaDB,
 which has no UPDATE ... RETURNING and so reads the row under a lock) and as SQL
@@ -38,7 +39,7 @@ HORIZON_SECONDS = 1.0
 # k - 1 more than the rate in one second. 2% of the rate (and at least one email).
 CHUNK_SECONDS = 0.02
 LOWER_FACTOR = 0.8  # a throttle takes a fifth off the rate in force
-SETTLE_SECONDS = 1.0  # throttles this soon after a lowering answer sends made before it
+SETTLE_SECONDS = 1.0  # after the last slot taken at the old rate, for sends in flight
 MIN_FRACTION = 0.01  # the lowest a throttled rate goes, as a share of PROVIDER_RATE
 
 # A float, or a SQL expression: the formulas below run on both (see the module doc).
@@ -91,7 +92,7 @@ class Bucket:
     next_slot_at: Num
     lowered_rate: Num  # in force while lowered_until is ahead (0: never lowered)
     lowered_until: Num
-    lowered_at: Num  # when the rate was last lowered
+    settles_at: Num  # throttles before this answer slots taken before the last lowering
 
 
 @dataclass(frozen=True)
@@ -124,18 +125,22 @@ def throttled(
 ) -> Bucket:
     """The row after the provider throttled a send (see the rules above).
 
-    Each field depends only on fields after it in Bucket's order of assignment
-    (lowered_rate, lowered_at, lowered_until, next_slot_at): an UPDATE that assigns them in
+    Each field depends only on itself and on fields assigned after it, in the order
+    lowered_rate, settles_at, lowered_until, next_slot_at: an UPDATE that assigns them in
     that order means the same whether its SET sees old values (the SQL standard) or new
     ones (MySQL's left to right)."""
-    settling = bucket.lowered_at > now - SETTLE_SECONDS
+    settling = bucket.settles_at > now
     lowered = ops.greatest(
         rate_in_force(ops, bucket, now=now, rate=rate) * LOWER_FACTOR, rate * MIN_FRACTION
     )
     hold = min(retry_after or 0.0, cooldown)
     return Bucket(
         lowered_rate=ops.when(settling, bucket.lowered_rate, lowered),
-        lowered_at=ops.when(settling, bucket.lowered_at, now),
+        settles_at=ops.when(
+            settling,
+            bucket.settles_at,
+            ops.greatest(bucket.next_slot_at, now) + SETTLE_SECONDS,
+        ),
         lowered_until=now + cooldown,
         next_slot_at=ops.greatest(bucket.next_slot_at, now + hold),
     )
@@ -143,7 +148,7 @@ def throttled(
 
 def new_bucket(now: float) -> Bucket:
     """A provider's first row: nothing reserved, never lowered."""
-    return Bucket(next_slot_at=now, lowered_rate=0.0, lowered_until=0.0, lowered_at=0.0)
+    return Bucket(next_slot_at=now, lowered_rate=0.0, lowered_until=0.0, settles_at=0.0)
 
 
 @dataclass(frozen=True)

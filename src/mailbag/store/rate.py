@@ -36,7 +36,7 @@ from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import provider_rates as pr
 from mailbag.store.types import insert_into
 
-_COLUMNS = (pr.c.next_slot_at, pr.c.lowered_rate, pr.c.lowered_until, pr.c.lowered_at)
+_COLUMNS = (pr.c.next_slot_at, pr.c.lowered_rate, pr.c.lowered_until, pr.c.settles_at)
 _BUCKET = Bucket(*_COLUMNS)
 _UNIX_EPOCH_JULIAN_DAY = 2440587.5
 
@@ -149,7 +149,7 @@ def throttle(
     # sees the values assigned before it.
     values: Mapping[Any, Any] = {
         pr.c.lowered_rate: after.lowered_rate,
-        pr.c.lowered_at: after.lowered_at,
+        pr.c.settles_at: after.settles_at,
         pr.c.lowered_until: after.lowered_until,
         pr.c.next_slot_at: after.next_slot_at,
     }

@@ -396,7 +396,7 @@ def _provider_rates(md: MetaData) -> Table:
         Column("next_slot_at", Double, nullable=False),
         Column("lowered_rate", Double, nullable=False),
         Column("lowered_until", Double, nullable=False),
-        Column("lowered_at", Double, nullable=False),
+        Column("settles_at", Double, nullable=False),
     )
 
 

@@ -24,7 +24,7 @@ def upgrade() -> None:
         sa.Column("next_slot_at", sa.Double(), nullable=False),
         sa.Column("lowered_rate", sa.Double(), nullable=False),
         sa.Column("lowered_until", sa.Double(), nullable=False),
-        sa.Column("lowered_at", sa.Double(), nullable=False),
+        sa.Column("settles_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("provider", name="pk_provider_rates"),
         mysql_engine="InnoDB",
         mysql_charset="utf8mb4",
