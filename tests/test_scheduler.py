@@ -452,7 +452,7 @@ def records_left(db: Any) -> int:
     indirect=["db"],
 )
 def test_worker_processes_elect_one_scheduler_and_replace_it_when_killed(
-    db, route, tmp_path, request
+    db, route, tmp_path, request, record_property
 ):
     """SQLite: two workers on one file (a worker beside `serve`); the servers: three.
     PgBouncer: DATABASE_URL through the transaction pooler, LISTEN_URL (and with it the
@@ -501,8 +501,10 @@ def test_worker_processes_elect_one_scheduler_and_replace_it_when_killed(
         )
         assert len(successors) == 1
         gained = stamp(events(logs[successors[0]], "scheduler_leader_gained")[0])
+        takeover = (gained - killed_at).total_seconds()
+        record_property("takeover_seconds", round(takeover, 3))  # --junitxml shows it
         # Within a lease, give or take the followers' tick (a third of a lease at most).
-        assert (gained - killed_at).total_seconds() < PROCESS_LEASE + PROCESS_LEASE / 3 + 0.5
+        assert takeover < PROCESS_LEASE + PROCESS_LEASE / 3 + 0.5
         add_record(db, "stale-2", datetime.now(UTC) - timedelta(minutes=1))
         wait_for(lambda: records_left(db) == 0, 10, "the new scheduler at work")
         others = [i for i in range(replicas) if i not in (leader, successors[0])]
