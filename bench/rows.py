@@ -55,7 +55,7 @@ from mailbag.store.plan import Step
 from mailbag.store.session import AsyncDatabase, Database
 
 DUE = 1000  # pending and due: the claim's working set, the same at every size
-WAITING = 200  # retrying, due in ten minutes: in the claim index, out of its range
+WAITING = 200  # retrying, due in a day: in the claim index, out of the claim's range
 SPAN = timedelta(days=40)  # the finished rows' ages: 0 to 40 days
 RETENTION = timedelta(days=30)  # PURGE_AFTER_DAYS' default
 BATCH = 100  # BATCH_SIZE's default
@@ -129,8 +129,8 @@ WITH r AS (
            CASE status WHEN 'pending' THEN 0 WHEN 'cancelled' THEN 0 WHEN 'dead' THEN 5
                 ELSE 1 END,
            5,
-           CASE WHEN status = 'retrying' THEN :anchor + interval '10 minutes' ELSE at END,
-           CASE WHEN status = 'retrying' THEN :anchor + interval '10 minutes' ELSE at END,
+           CASE WHEN status = 'retrying' THEN :anchor + interval '1 day' ELSE at END,
+           CASE WHEN status = 'retrying' THEN :anchor + interval '1 day' ELSE at END,
            at,
            CASE WHEN status = 'pending' THEN at ELSE at + interval '2 seconds' END,
            CASE WHEN status IN ('pending', 'cancelled') THEN NULL ELSE 'ses' END,
@@ -238,10 +238,12 @@ def drop(name: str) -> None:
     _admin(f"DROP DATABASE IF EXISTS {name}")
 
 
-def fill(db: Scratch, anchor: datetime, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Fill `db` to its rows in statements of FILL_CHUNK, two at a time (one per core),
-    then VACUUM ANALYZE it (what autovacuum would have done by then; this server runs with
-    autovacuum off)."""
+def fill(
+    db: Scratch, anchor: datetime, progress: Callable[[str], None], first: int = 1
+) -> dict[str, Any]:
+    """Fill `db` with its rows from row `first` on, in statements of FILL_CHUNK (each its
+    own transaction), two at a time (one per core), then VACUUM ANALYZE it (what
+    autovacuum would have done by then; this server runs with autovacuum off)."""
     step = SPAN.total_seconds() / db.rows
     params = {"n": db.rows, "anchor": anchor, "step": step, "due": DUE, "waiting": WAITING}
 
@@ -259,18 +261,36 @@ def fill(db: Scratch, anchor: datetime, progress: Callable[[str], None]) -> dict
 
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=FILL_CONNECTIONS) as pool:
-        statements = list(pool.map(one, range(1, db.rows + 1, FILL_CHUNK)))
+        statements = list(pool.map(one, range(first, db.rows + 1, FILL_CHUNK)))
     filled = time.perf_counter() - started
     vacuum = _vacuum(db.engine, analyze=True)
     with db.engine.connect() as conn:
         events = conn.execute(text("SELECT count(*) FROM message_events")).scalar_one()
     return {
         "fill_seconds": round(filled, 1),
-        "fill_rows_per_second": round(db.rows / filled),
+        "fill_rows_per_second": round((db.rows - first + 1) / filled),
+        "fill_first_row": first,
         "fill_statement_seconds": statements,
         "events": events,
         "post_fill_vacuum_analyze_seconds": vacuum,
     }
+
+
+def _filled_until(db: Scratch) -> int:
+    """How many rows a kept database holds: its chunks commit whole, in order of their
+    rows when one statement runs at a time (resume after an interrupted fill)."""
+    with db.engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM outbox_messages")).scalar_one())
+
+
+def _anchor(db: Scratch) -> datetime:
+    """The anchor a kept database was filled from: its newest row was enqueued at
+    anchor - (rows - count) * step."""
+    count = _filled_until(db)
+    with db.engine.connect() as conn:
+        newest = conn.execute(text("SELECT max(created_at) FROM outbox_messages")).scalar_one()
+    step = SPAN.total_seconds() / db.rows
+    return (newest or datetime.now(UTC)) + timedelta(seconds=(db.rows - count) * step)
 
 
 def _vacuum(engine: Engine, *, analyze: bool = False) -> dict[str, float]:
@@ -473,9 +493,12 @@ def run(
     result: dict[str, Any] = {"rows": rows, "reference_rows": reference, "due": DUE}
     try:
         for db, found in ((small, small_found), (large, large_found)):
-            if not found:
-                result[f"fill_{db.rows}"] = fill(db, anchor, progress)
+            first, db_anchor = (_filled_until(db) + 1, _anchor(db)) if found else (1, anchor)
+            if first <= db.rows:
+                result[f"fill_{db.rows}"] = fill(db, db_anchor, progress, first)
                 progress(f"fill {db.rows}: {json.dumps(result[f'fill_{db.rows}'])}")
+            if db is large:  # its rows' ages decide what the purge finds
+                anchor, cutoff = db_anchor, db_anchor - RETENTION
         result["sizes"] = {str(db.rows): sizes(db) for db in (small, large)}
         if "claim" in phases:
             with bench_lock(lock):
