@@ -150,3 +150,28 @@ async def async_engine(db: TestDB) -> AsyncIterator[AsyncEngine]:
     engine = db.async_engine()
     yield engine
     await engine.dispose()
+
+
+# --- PgBouncer (transaction pooling) in front of the PostgreSQL test server ----------------
+
+PGBOUNCER_URL = "MAILBAG_TEST_PGBOUNCER_URL"
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_base_url() -> str:
+    """MAILBAG_TEST_PGBOUNCER_URL: a PgBouncer in transaction mode in front of the server
+    MAILBAG_TEST_POSTGRES_URL names, forwarding any database name (tests/pgbouncer/start)."""
+    url = os.environ.get(PGBOUNCER_URL)
+    if not url:
+        if IN_CI:
+            pytest.fail(f"CI=true but {PGBOUNCER_URL} is not set: the PgBouncer tests are required")
+        pytest.skip(f"{PGBOUNCER_URL} not set: PgBouncer tests skipped (tests/pgbouncer/start)")
+    return url
+
+
+@pytest.fixture
+def pgbouncer_url(db: TestDB, pgbouncer_base_url: str) -> str:
+    """The `db` fixture's PostgreSQL database, reached through PgBouncer."""
+    assert db.dialect == "postgresql", "PgBouncer stands in front of PostgreSQL only"
+    database = make_url(db.url).database
+    return make_url(pgbouncer_base_url).set(database=database).render_as_string(hide_password=False)

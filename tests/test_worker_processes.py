@@ -2,10 +2,13 @@
 
 Races between replicas, SIGKILL at random moments, a database restart, and a SIGTERM
 drain. Every claim is checked where it matters: Message-IDs counted at the SMTP server.
+The races, the kills and the NOTIFY wake-up also run through PgBouncer in transaction mode
+(`route` "pgbouncer": DATABASE_URL through it, LISTEN_URL direct), as fleets deploy it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -24,6 +27,7 @@ from mailbag.compose import message_id_from_rfc
 from mailbag.domain.states import Status
 from mailbag.store import enqueue as enqueue_store
 from mailbag.store import messages as message_store
+from mailbag.store.database import make_engine
 from mailbag.store.plan import run
 from mailbag.store.schema import message_events, outbox_messages
 from servers import mailbag_env, start_mailbag, stop
@@ -58,7 +62,17 @@ def counts(db: Any) -> dict[str, int]:
         return run(conn, message_store.count_by_status())
 
 
+def routed(db: Any, request: pytest.FixtureRequest, route: str) -> dict[str, str]:
+    """The worker's database settings: straight to the server, or through PgBouncer with
+    LISTEN on a direct connection beside it."""
+    if route == "direct":
+        return {}
+    assert route == "pgbouncer"
+    return {"database_url": request.getfixturevalue("pgbouncer_url"), "listen_url": db.url}
+
+
 def worker_env(db: Any, smtp: RecordingSMTPServer, **settings: str) -> dict[str, str]:
+    database_url = settings.pop("database_url", db.url)
     base = {
         "provider": "smtp",
         "smtp_host": smtp.host,
@@ -68,19 +82,19 @@ def worker_env(db: Any, smtp: RecordingSMTPServer, **settings: str) -> dict[str,
         "batch_size": "50",
         "concurrency": "16",
     }
-    return mailbag_env(db.url, **{**base, **settings})
+    return mailbag_env(database_url, **{**base, **settings})
 
 
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[Any]:
     return start_mailbag("worker", env=env, stdout=subprocess.DEVNULL, stderr=log.open("ab"))
 
 
-def wait_for(condition: Any, timeout: float, what: str) -> None:
+def wait_for(condition: Any, timeout: float, what: str, step: float = 0.25) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
-        time.sleep(0.25)
+        time.sleep(step)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -88,12 +102,16 @@ def delivered_ids(smtp: RecordingSMTPServer) -> Counter[Any]:
     return Counter(message_id_from_rfc(mid) for mid in smtp.message_ids() if mid)
 
 
-@pytest.mark.parametrize("db", ["postgresql", "mysql"], indirect=True)
-def test_four_workers_deliver_every_message_exactly_once(db, tmp_path):
-    total = 5000
+@pytest.mark.parametrize(
+    ("db", "route"),
+    [("postgresql", "direct"), ("mysql", "direct"), ("postgresql", "pgbouncer")],
+    indirect=["db"],
+)
+def test_four_workers_deliver_every_message_exactly_once(db, route, request, tmp_path):
+    total = 5000 if route == "direct" else 1000  # the same race, in less of the suite's time
     enqueue_many(db, total)
     with RecordingSMTPServer() as smtp:
-        env = worker_env(db, smtp)
+        env = worker_env(db, smtp, **routed(db, request, route))
         workers = [start_worker(env, tmp_path / f"w{i}.log") for i in range(4)]
         try:
             wait_for(lambda: counts(db).get("sent", 0) == total, 240, "every message sent")
@@ -117,16 +135,24 @@ def test_four_workers_deliver_every_message_exactly_once(db, tmp_path):
     assert len(senders) == 4  # every replica took part: the race was real
 
 
+@pytest.mark.parametrize("route", ["direct", "pgbouncer"])
 @pytest.mark.parametrize("db", ["postgresql"], indirect=True)
-def test_killed_workers_never_cause_a_duplicate(db, tmp_path):
+def test_killed_workers_never_cause_a_duplicate(db, route, request, tmp_path):
     """SIGKILL at random moments, restarts, a short lease: nothing lost, nothing sent twice,
     and `unknown` only for messages a killed worker held."""
-    total = 2000
+    total = 2000 if route == "direct" else 1000
     enqueue_many(db, total)
     rng = random.Random(20261130)
     with RecordingSMTPServer() as smtp:
         smtp.reply_delay = 0.005
-        env = worker_env(db, smtp, lease_seconds="2", concurrency="8", batch_size="20")
+        env = worker_env(
+            db,
+            smtp,
+            lease_seconds="2",
+            concurrency="8",
+            batch_size="20",
+            **routed(db, request, route),
+        )
         workers = [start_worker(env, tmp_path / "workers.log") for _ in range(3)]
         killed: set[str] = set()
         host = os.uname().nodename
@@ -167,6 +193,67 @@ def test_killed_workers_never_cause_a_duplicate(db, tmp_path):
     unknown = [r for r in rows if r.status == Status.UNKNOWN]
     assert all(r.claimed_by in killed for r in unknown), "unknown only where a worker died"
     assert final.get("sent", 0) >= total - 8 * len(killed)
+
+
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+def test_an_enqueue_wakes_an_idle_worker_at_once(db, request, tmp_path):
+    """LISTEN/NOTIFY across processes, with DATABASE_URL through PgBouncer and LISTEN_URL
+    direct: the poll is 30 s away, the send comes within a second. The enqueues go through
+    PgBouncer, as the API's do."""
+    settings = routed(db, request, "pgbouncer")
+    enqueuer = make_engine(settings["database_url"], pool_size=1, statement_timeout=5)
+    with RecordingSMTPServer() as smtp:
+        env = worker_env(db, smtp, poll_interval="30", **settings)
+        log = tmp_path / "worker.log"
+        worker = start_worker(env, log)
+        latencies = []
+        try:
+            enqueue_into(enqueuer, 1)
+            wait_for(lambda: counts(db).get("sent", 0) == 1, 30, "the worker to start")
+            time.sleep(1)  # its listener connected and probed (LISTEN_URL is direct)
+            for n in range(2, 6):
+                started = time.monotonic()
+                enqueue_into(enqueuer, 1)
+                wait_for(lambda n=n: counts(db).get("sent", 0) == n, 10, f"email {n}", step=0.01)
+                latencies.append(time.monotonic() - started)
+        finally:
+            code = stop(worker)
+            enqueuer.dispose()
+        assert code == 0
+    assert max(latencies) < 2, latencies  # not the 30 s poll
+    assert "listen_not_working" not in log.read_text()
+
+
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+def test_listen_through_a_transaction_pooler_is_a_clear_warning(db, pgbouncer_url, tmp_path):
+    """DATABASE_URL at PgBouncer and no LISTEN_URL: LISTEN is accepted and never hears a
+    thing. The worker says so at start (and still delivers, by polling)."""
+    enqueue_many(db, 3)
+    with RecordingSMTPServer() as smtp:
+        env = worker_env(db, smtp, database_url=pgbouncer_url, poll_interval="0.5")
+        log = tmp_path / "worker.log"
+        worker = start_worker(env, log)
+        try:
+            wait_for(lambda: "listen_not_working" in log.read_text(), 30, "the warning")
+            wait_for(lambda: counts(db).get("sent", 0) == 3, 30, "delivery by polling")
+        finally:
+            code = stop(worker)
+    assert code == 0
+    warning = next(
+        json.loads(line) for line in log.read_text().splitlines() if "listen_not_working" in line
+    )
+    assert warning["level"] == "warning" and "LISTEN_URL" in warning["hint"]
+    assert warning["listen_url"] == pgbouncer_url
+
+
+def enqueue_into(engine: Any, n: int) -> None:
+    with engine.begin() as conn:
+        run(
+            conn,
+            enqueue_store.enqueue(
+                [message(i) for i in range(n)], now=store_now(), default_max_attempts=5
+            ),
+        )
 
 
 @pytest.mark.parametrize("db", ["postgresql"], indirect=True)

@@ -14,6 +14,17 @@ Timeouts, so that a database that stops answering is an error within seconds, no
   everything (nothing above can tell that from a slow answer). SQLite has none of this;
   it waits SQLITE_BUSY_TIMEOUT_MS for a lock.
 A URL's own query parameters (`?connect_timeout=30`) win over these defaults.
+
+PostgreSQL engines also work behind PgBouncer in transaction pooling mode (docs/pgbouncer.md),
+where consecutive transactions may run on different server connections, shared with other
+clients, and no startup `options` are accepted:
+- the time zone is set to UTC once per connection with `SET TIME ZONE`: TimeZone is one of
+  the parameters PgBouncer tracks per client and restores on whichever server it lends;
+- the statement and idle-in-transaction bounds are set per transaction (`set_config(...,
+  true)`, i.e. SET LOCAL), so they end with it and never reach another client: one short
+  statement at each transaction's start;
+- psycopg's automatic prepared statements are off: a statement prepared on one server
+  connection is unknown on the next (PgBouncer 1.18 does not track them; 1.21 can).
 """
 
 from __future__ import annotations
@@ -62,17 +73,10 @@ class DatabaseTimeout(TimeoutError):
     """The database did not answer within the caller's bound (see `within`)."""
 
 
-def libpq_options(timeout: float, statement_timeout: float | None) -> dict[str, Any]:
+def libpq_options(timeout: float) -> dict[str, Any]:
+    """psycopg's connection parameters for this connect and network timeout."""
     seconds = max(2, round(timeout))  # libpq counts whole seconds, 2 at least
-    # Timestamps come back tagged with Python's own UTC, which needs no conversion. The
-    # statement bounds ride in the same startup `options` (PgBouncer in transaction mode
-    # would refuse them, as it refuses the time zone: LISTEN_URL/MIGRATE_URL are for later).
-    startup = "-c timezone=UTC"
-    if statement_timeout is not None:
-        ms = max(1, round(statement_timeout * 1000))
-        startup += f" -c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms}"
     return {
-        "options": startup,
         "connect_timeout": seconds,
         # A peer gone silent (a partition, a dead host): probe an idle connection after
         # a second of quiet, and drop any connection whose sent data stays unacknowledged.
@@ -81,7 +85,54 @@ def libpq_options(timeout: float, statement_timeout: float | None) -> dict[str, 
         "keepalives_interval": 1,
         "keepalives_count": seconds,
         "tcp_user_timeout": seconds * 1000,
+        # Never prepare: behind a transaction pooler the next statement may reach a server
+        # connection where that name is unknown, or already taken by another client.
+        "prepare_threshold": None,
     }
+
+
+# The server settings a PostgreSQL engine makes itself, unless the URL's own `options`
+# set them (`?options=-c statement_timeout=0`: the URL wins, on a direct connection).
+_TIME_ZONE = "timezone"
+_STATEMENT_BOUNDS = ("statement_timeout", "idle_in_transaction_session_timeout")
+_OPTION_NAME = re.compile(r"(?:-c\s*|--)([A-Za-z_.]+)\s*=")
+
+
+def _set_by_url(url: URL) -> set[str]:
+    """The server settings the URL's own `options` startup parameter sets."""
+    own = url.query.get("options")
+    text = " ".join(own) if isinstance(own, tuple) else own or ""
+    return {name.lower().replace("-", "_") for name in _OPTION_NAME.findall(text)}
+
+
+def _configure_postgresql(engine: Engine, url: URL, statement_timeout: float | None) -> None:
+    """UTC per connection, the statement bounds per transaction (see the module docstring)."""
+    own = _set_by_url(url)
+    if _TIME_ZONE not in own:
+
+        @event.listens_for(engine, "connect")
+        def _utc(dbapi_connection: Any, _record: Any) -> None:
+            # Timestamps then come back tagged with Python's own UTC: no conversion. In
+            # autocommit: a session setting, outside any transaction SQLAlchemy manages.
+            dbapi_connection.autocommit = True
+            try:
+                cursor = dbapi_connection.cursor()
+                cursor.execute("SET TIME ZONE 'UTC'")
+                cursor.close()
+            finally:
+                dbapi_connection.autocommit = False
+
+    bounds = [name for name in _STATEMENT_BOUNDS if name not in own]
+    if statement_timeout is None or not bounds:
+        return
+    ms = max(1, round(statement_timeout * 1000))
+    # One statement, one round trip: is_local=true makes each a SET LOCAL, gone at the
+    # transaction's end, so a pooled server connection never carries it to another client.
+    bound = "SELECT " + ", ".join(f"set_config('{name}', '{ms}', true)" for name in bounds)
+
+    @event.listens_for(engine, "begin")
+    def _bounded(connection: Any) -> None:
+        connection.exec_driver_sql(bound)
 
 
 def _mysql_options(
@@ -173,12 +224,13 @@ def connect_args(
     args: dict[str, Any] = {}
     dialect = dialect_of(parsed)
     if dialect == "postgresql":
-        args = libpq_options(timeout, statement_timeout)
+        # The statement bounds are not connection parameters here: see _configure_postgresql.
+        args = libpq_options(timeout)
+        own_options = parsed.query.get("options")
+        if isinstance(own_options, str):
+            args["options"] = own_options  # the URL's own `-c` settings, passed on as they are
     if dialect == "mysql":
         args = _mysql_options(timeout, statement_timeout, asynchronous=asynchronous)
-    own_options = parsed.query.get("options")
-    if "options" in args and isinstance(own_options, str):
-        args["options"] += f" {own_options}"  # the URL's own `-c` settings last: they win
     return {k: v for k, v in args.items() if k == "options" or k not in parsed.query}
 
 
@@ -196,8 +248,7 @@ def make_engine(url: str | URL, **options: Unpack[EngineOptions]) -> Engine:
     """A sync engine with these timeouts and pool (see the module's docstring)."""
     engine_url = sync_url(url)
     engine = create_engine(engine_url, **_engine_options(engine_url, False, **options))
-    if dialect_of(engine_url) == "sqlite":
-        _configure_sqlite(engine)
+    _configure(engine, engine_url, options.get("statement_timeout"))
     return engine
 
 
@@ -208,9 +259,16 @@ def make_async_engine(url: str | URL, **options: Unpack[EngineOptions]) -> Async
 
     engine_url = async_url(url)
     engine = create_async_engine(engine_url, **_engine_options(engine_url, True, **options))
-    if dialect_of(engine_url) == "sqlite":
-        _configure_sqlite(engine.sync_engine)
+    _configure(engine.sync_engine, engine_url, options.get("statement_timeout"))
     return engine
+
+
+def _configure(engine: Engine, url: URL, statement_timeout: float | None) -> None:
+    dialect = dialect_of(url)
+    if dialect == "sqlite":
+        _configure_sqlite(engine)
+    elif dialect == "postgresql":
+        _configure_postgresql(engine, url, statement_timeout)
 
 
 # Work given up by `within`, kept referenced until its cancellation has finished.

@@ -3,22 +3,48 @@
 A dedicated autocommit psycopg connection listens on the channel the enqueue NOTIFYs. On
 (re)connect it fires once, since notifications sent while disconnected are lost; polling
 remains the fallback if this connection is down.
+
+LISTEN needs a session of its own: behind PgBouncer in transaction mode the LISTEN is
+accepted, then its server connection goes back to the pool and no notification ever comes
+(LISTEN_URL names a direct connection for it; docs/pgbouncer.md). Nothing fails loudly
+there, so after each (re)connect a probe NOTIFYs a payload of its own, sent the way an
+enqueue's is (the caller's `probe`, on DATABASE_URL), and a warning says so when it does
+not arrive in time. Probe payloads wake nobody, here or on other replicas.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import psycopg
+from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
 from mailbag.store.database import DEFAULT_TIMEOUT, connect_args
+
+if TYPE_CHECKING:  # the asyncio extension brings in the ORM: only its callers load it
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+PROBE_PREFIX = "mailbag-listen-probe:"
+# How long a probe's NOTIFY may take to come back before LISTEN counts as not working: a
+# round trip through the database, so a second is plenty even on a loaded server.
+PROBE_SECONDS = 5.0
+
+Probe = Callable[[str], Awaitable[None]]  # sends NOTIFY with this payload on the channel
 
 
 def libpq_url(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def notify(conn: AsyncConnection, channel: str, payload: str) -> None:
+    """NOTIFY `payload` on `channel` (delivered at the transaction's commit)."""
+    await conn.execute(select(func.pg_notify(channel, payload)))
 
 
 async def listen(
@@ -27,6 +53,9 @@ async def listen(
     on_notify: Callable[[], None],
     log: Any,
     network_timeout: float = DEFAULT_TIMEOUT,
+    *,
+    probe: Probe | None = None,
+    probe_seconds: float = PROBE_SECONDS,
 ) -> None:
     delay = 1.0
     while True:
@@ -40,9 +69,60 @@ async def listen(
                 await conn.execute(f"LISTEN {channel}")
                 delay = 1.0
                 on_notify()
-                async for _ in conn.notifies():
-                    on_notify()
+                await _hear(conn, url, on_notify, log, probe, probe_seconds)
         except (psycopg.Error, OSError) as exc:
             log.warning("listen_connection_lost", error=type(exc).__name__, retry_in=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
+
+
+async def _hear(
+    conn: psycopg.AsyncConnection[Any],
+    url: str,
+    on_notify: Callable[[], None],
+    log: Any,
+    probe: Probe | None,
+    probe_seconds: float,
+) -> None:
+    """Wake at every notification until the connection ends, probing it once first."""
+    payload = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+    heard = asyncio.Event()
+    checking = None
+    if probe is not None:
+        checking = asyncio.create_task(_check(probe, payload, heard, url, log, probe_seconds))
+    try:
+        async for notification in conn.notifies():
+            if notification.payload == payload:
+                heard.set()
+            elif not notification.payload.startswith(PROBE_PREFIX):  # another's probe
+                on_notify()
+    finally:
+        if checking is not None:
+            checking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checking
+
+
+async def _check(
+    probe: Probe, payload: str, heard: asyncio.Event, url: str, log: Any, seconds: float
+) -> None:
+    try:
+        await probe(payload)
+    except (SQLAlchemyError, OSError) as exc:  # the database is down: the worker says so
+        log.info("listen_probe_not_sent", error=type(exc).__name__)
+        return
+    try:
+        await asyncio.wait_for(heard.wait(), seconds)
+    except TimeoutError:
+        log.warning(
+            "listen_not_working",
+            listen_url=make_url(url).render_as_string(hide_password=True),
+            waited_seconds=seconds,
+            hint=(
+                "LISTEN heard no NOTIFY: idle workers wake only every POLL_INTERVAL. Is this "
+                "URL a transaction pooler (PgBouncer)? Set LISTEN_URL to a direct PostgreSQL "
+                "(or session-pooled) URL"
+            ),
+        )
+        return
+    log.debug("listen_working")

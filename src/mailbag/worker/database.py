@@ -131,7 +131,17 @@ class WorkerDatabase:
         return self.db.dialect == "postgresql"
 
     async def listen(self, url: str, on_notify: Callable[[], None], log: Any) -> None:
-        """Call `on_notify` at every enqueue's NOTIFY, reconnecting as needed (PostgreSQL)."""
-        from mailbag.store.listen import listen
+        """Call `on_notify` at every enqueue's NOTIFY, reconnecting as needed (PostgreSQL).
 
-        await listen(url, NOTIFY_CHANNEL, on_notify, log, self.timeout)
+        `url` is LISTEN_URL (a direct session); each (re)connect is checked by a probe
+        NOTIFY sent on this engine, the way enqueues send theirs (store/listen.py)."""
+        from mailbag.store.listen import listen, notify
+
+        async def probe(payload: str) -> None:
+            async def send() -> None:
+                async with self.db.engine.begin() as conn:
+                    await notify(conn, NOTIFY_CHANNEL, payload)
+
+            await within(self.timeout, send())
+
+        await listen(url, NOTIFY_CHANNEL, on_notify, log, self.timeout, probe=probe)
