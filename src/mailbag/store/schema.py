@@ -37,7 +37,7 @@ from mailbag.domain import content
 from mailbag.domain import hooks as hook_rules
 from mailbag.domain import message as limits
 from mailbag.domain.states import CLAIMABLE, Status
-from mailbag.domain.verification import ACTIVE, VState
+from mailbag.domain.verification import ACTIVE, UNFINISHED, VState
 from mailbag.store.types import UTCDateTime, bigint_pk, json_type, long_binary, long_json
 
 NAMING = {
@@ -58,6 +58,7 @@ CLAIMABLE_SQL = f"status IN ({_sql_list(CLAIMABLE)})"
 STATUS_CHECK_SQL = f"status IN ({_sql_list(set(Status))})"
 PROCESSING_SQL = f"status = '{Status.PROCESSING.value}'"
 V_ACTIVE_SQL = f"state IN ({_sql_list(ACTIVE)})"
+V_UNFINISHED_SQL = f"state IN ({_sql_list(UNFINISHED)})"
 V_STATE_CHECK_SQL = f"state IN ({_sql_list(set(VState))})"
 HOOK_CLAIMABLE_SQL = f"status IN ({_sql_list(hook_rules.CLAIMABLE_DELIVERIES)})"
 HOOK_STATUS_CHECK_SQL = f"status IN ({_sql_list(set(hook_rules.DState))})"
@@ -270,6 +271,16 @@ def _email_verifications(md: MetaData, dialect: str | None) -> Table:
             table.c.email,
             unique=True,
             **_where(V_ACTIVE_SQL),
+        )
+    # The scheduler's expiry of stale verifications (services/maintenance.py) finds the
+    # unfinished ones whose time is up without reading the finished majority.
+    if _is_mysql(dialect):
+        Index(None, table.c.state, table.c.expires_at)
+    else:
+        Index(
+            "ix_email_verifications_unfinished_expiry",
+            table.c.expires_at,
+            **_where(V_UNFINISHED_SQL),
         )
     return table
 
