@@ -14,11 +14,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import brevo_batch, dispatch, enqueue, http_api, latency, scale, smtp_wire, versus
+from bench import brevo_batch, dispatch, enqueue, http_api, latency, rate, scale, smtp_wire, versus
 from bench.common import ROOT
 
 # Each of these measures mailbag beside its ceiling or peer in the same run (issue 13).
-PAIRED = {"http": http_api, "smtp": smtp_wire, "versus": versus, "brevo": brevo_batch}
+# `rate`: the fleet's send rate beside the provider's own limit.
+PAIRED = {
+    "http": http_api,
+    "smtp": smtp_wire,
+    "versus": versus,
+    "brevo": brevo_batch,
+    "rate": rate,
+}
 SECTIONS = (
     "dispatch",
     "ceiling",

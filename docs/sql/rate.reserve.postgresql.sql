@@ -8,6 +8,6 @@
 WITH clock AS
 (SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
  UPDATE provider_rates SET next_slot_at=(greatest(provider_rates.next_slot_at, (SELECT clock.now
-FROM clock)) + :param_1::INTEGER / CAST(CASE WHEN (provider_rates.lowered_until > (SELECT clock.now
-FROM clock)) THEN least(provider_rates.lowered_rate, :least_1) ELSE :param_2 END AS DOUBLE PRECISION)) WHERE provider_rates.provider = :provider_1::VARCHAR RETURNING provider_rates.next_slot_at, provider_rates.lowered_rate, provider_rates.lowered_until, (SELECT clock.now
+FROM clock) + :param_1) + :param_2::INTEGER / CAST(CASE WHEN (provider_rates.lowered_until > (SELECT clock.now
+FROM clock)) THEN least(provider_rates.lowered_rate, :least_1) ELSE :param_3 END AS DOUBLE PRECISION)) WHERE provider_rates.provider = :provider_1::VARCHAR RETURNING provider_rates.next_slot_at, provider_rates.lowered_rate, provider_rates.lowered_until, (SELECT clock.now
 FROM clock) AS now;

@@ -5,4 +5,4 @@
 -- Written by `python -m mailbag.store.sqldocs` from the plan; do not edit.
 
 -- step 1
-UPDATE provider_rates SET next_slot_at=(max(provider_rates.next_slot_at, (julianday(:julianday_1) - :julianday_2) * :param_1) + :param_2 / (CASE WHEN (provider_rates.lowered_until > (julianday(:julianday_1) - :julianday_2) * :param_1) THEN min(provider_rates.lowered_rate, :min_1) ELSE :param_3 END + 0.0)) WHERE provider_rates.provider = :provider_1 RETURNING next_slot_at, lowered_rate, lowered_until, (julianday(:julianday_1) - :julianday_2) * :param_1 AS now;
+UPDATE provider_rates SET next_slot_at=(max(provider_rates.next_slot_at, (julianday(:julianday_1) - :julianday_2) * :param_1 + :param_2) + :param_3 / (CASE WHEN (provider_rates.lowered_until > (julianday(:julianday_1) - :julianday_2) * :param_1) THEN min(provider_rates.lowered_rate, :min_1) ELSE :param_4 END + 0.0)) WHERE provider_rates.provider = :provider_1 RETURNING next_slot_at, lowered_rate, lowered_until, (julianday(:julianday_1) - :julianday_2) * :param_1 AS now;

@@ -4,9 +4,9 @@ one database row that every replica shares. Pure arithmetic here; store/rate.py 
 The rules:
 - At rate r the fleet's slots are 1/r seconds apart. `next_slot_at` is the first slot no
   one holds (the "theoretical arrival time" of GCRA, the token bucket's other form).
-  Taking n slots: start = max(next_slot_at, now); next_slot_at = start + n / r. Time left
-  idle is not banked, so over any W seconds the whole fleet holds at most r * W + 1 slots:
-  the rate is never exceeded, whatever the number of workers.
+  Taking n slots: start = max(next_slot_at, now + LEAD_SECONDS); next_slot_at = start +
+  n / r. Time left idle is not banked, so over any W seconds the whole fleet holds at most
+  r * W + 1 slots: the rate is never exceeded, whatever the number of workers.
 - `now` is the database's clock, never a worker's: replicas on several machines share one
   clock. Times are seconds since the epoch (a float keeps microseconds for centuries).
 - A worker takes the slots for a whole claim at once (one short statement per batch) and
@@ -34,6 +34,10 @@ from typing import Any, Protocol
 # only once the fleet's schedule runs less than this far ahead: a claimed message waits
 # about this long for its slot at most, not a whole backlog's worth.
 HORIZON_SECONDS = 1.0
+# A claim's first slot is at least this far ahead: time for the worker to compose the
+# emails and start their sends, so that one starting from idle (or cold) is not already
+# late for its first slots, which would bunch them up (seen: 100-150 ms on a busy host).
+LEAD_SECONDS = 0.1
 # A chunk (one provider call) holds at most this many seconds' worth of the rate: a batch
 # of k emails leaves at its last slot, so a provider that counts per second may see up to
 # k - 1 more than the rate in one second. 2% of the rate (and at least one email).
@@ -108,9 +112,10 @@ def rate_in_force(ops: Ops, bucket: Bucket, *, now: Num, rate: float) -> Num:
 
 
 def reserve(ops: Ops, bucket: Bucket, *, now: Num, rate: float, count: Any) -> Reservation:
-    """Take `count` consecutive slots, the first at the next free one (or now)."""
+    """Take `count` consecutive slots, the first at the next free one (at the soonest
+    LEAD_SECONDS from now)."""
     in_force = rate_in_force(ops, bucket, now=now, rate=rate)
-    start = ops.greatest(bucket.next_slot_at, now)
+    start = ops.greatest(bucket.next_slot_at, now + LEAD_SECONDS)
     return Reservation(start, in_force, start + count / in_force)
 
 
