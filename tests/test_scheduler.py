@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import time
@@ -56,11 +57,9 @@ class Ticks:
         return self.at
 
 
-def counting_job(name: str, runs: list[str], *, block: asyncio.Event | None = None) -> PeriodicJob:
+def counting_job(name: str, runs: list[str]) -> PeriodicJob:
     async def job(now: datetime) -> Mapping[str, int]:
         runs.append(name)
-        if block is not None:
-            await block.wait()
         return {"done": 1}
 
     return PeriodicJob(name, 1.0, job)
@@ -90,8 +89,6 @@ def end_session(db: Any, scheduler: Scheduler) -> None:
             conn.execute(text(statement))
     else:  # a file lock ends with its process; closing the file is the same for the lock
         assert isinstance(lock, FileLock) and lock.fd is not None
-        import os
-
         os.close(lock.fd)
         lock.fd = None
 
