@@ -184,3 +184,20 @@ def test_a_direct_url_s_own_server_settings_still_win(db: ScratchDB) -> None:
     finally:
         engine.dispose()
     assert tuple(settings) == ("0", "1s")  # the URL's bound kept; the other one mailbag's
+
+
+async def test_prepared_statements_are_off_unless_a_direct_url_turns_them_on(
+    db: ScratchDB,
+) -> None:
+    """Off by default (safe behind any pooler); `?prepare_threshold=5` for a direct
+    connection, or PgBouncer >= 1.21 with max_prepared_statements (docs/pgbouncer.md)."""
+    thresholds = []
+    for url in (db.url, make_url(db.url).update_query_dict({"prepare_threshold": "5"})):
+        engine = make_async_engine(url, pool_size=1, statement_timeout=5)
+        try:
+            async with engine.connect() as conn:
+                raw_connection = await conn.get_raw_connection()
+                thresholds.append(raw_connection.driver_connection.prepare_threshold)  # type: ignore[union-attr]
+        finally:
+            await engine.dispose()
+    assert thresholds == [None, 5]

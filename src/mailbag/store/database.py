@@ -24,7 +24,8 @@ clients, and no startup `options` are accepted:
   true)`, i.e. SET LOCAL), so they end with it and never reach another client: one short
   statement at each transaction's start;
 - psycopg's automatic prepared statements are off: a statement prepared on one server
-  connection is unknown on the next (PgBouncer 1.18 does not track them; 1.21 can).
+  connection is unknown on the next (PgBouncer 1.18 does not track them; 1.21 can). A
+  direct connection may turn them back on with `?prepare_threshold=5` in its URL.
 """
 
 from __future__ import annotations
@@ -86,7 +87,9 @@ def libpq_options(timeout: float) -> dict[str, Any]:
         "keepalives_count": seconds,
         "tcp_user_timeout": seconds * 1000,
         # Never prepare: behind a transaction pooler the next statement may reach a server
-        # connection where that name is unknown, or already taken by another client.
+        # connection where that name is unknown, or already taken by another client. A
+        # URL's `?prepare_threshold=5` turns psycopg's preparing back on (direct connections,
+        # PgBouncer >= 1.21 with max_prepared_statements): see _prepare_threshold.
         "prepare_threshold": None,
     }
 
@@ -229,9 +232,25 @@ def connect_args(
         own_options = parsed.query.get("options")
         if isinstance(own_options, str):
             args["options"] = own_options  # the URL's own `-c` settings, passed on as they are
+        if "prepare_threshold" in parsed.query:
+            args["prepare_threshold"] = _prepare_threshold(parsed.query["prepare_threshold"])
     if dialect == "mysql":
         args = _mysql_options(timeout, statement_timeout, asynchronous=asynchronous)
-    return {k: v for k, v in args.items() if k == "options" or k not in parsed.query}
+    typed = ("options", "prepare_threshold")  # the URL's text, made what psycopg takes
+    return {k: v for k, v in args.items() if k in typed or k not in parsed.query}
+
+
+def _prepare_threshold(value: str | tuple[str, ...]) -> int | None:
+    """A URL's `prepare_threshold` as psycopg takes it: a count, or None (`none`: never)."""
+    text = value[-1] if isinstance(value, tuple) else value
+    if text.strip().lower() in ("", "none"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"prepare_threshold in the database URL must be a number or none, not {text!r}"
+        ) from None
 
 
 class EngineOptions(TypedDict, total=False):
