@@ -22,6 +22,7 @@ that takes at most 50 emails a second and answers 429 beyond.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -168,7 +169,10 @@ def attempts_and_releases(db: Database) -> tuple[int, int]:
     return int(attempts or 0), int(releases)
 
 
-def scenario(kind: str, n: int, label: str, provider_rate: float | None) -> dict[str, Any]:
+def scenario(
+    kind: str, n: int, label: str, provider_rate: float | None, budget: float
+) -> dict[str, Any]:
+    """One row: `n` emails, or as many as go out within `budget` seconds."""
     with (
         tempfile.TemporaryDirectory() as folder,
         scratch_database(kind, Path(folder)) as db,
@@ -192,14 +196,16 @@ def scenario(kind: str, n: int, label: str, provider_rate: float | None) -> dict
         try:
             time.sleep(3.0)  # started and idle: their start-up is not measured
             seed(db, n)
-            # Without PROVIDER_RATE, a throttled worker pauses up to a minute: allow for it.
-            wait_until(lambda: counts(db).get("sent", 0) == n, timeout=n / 10 + 120)
+            with contextlib.suppress(TimeoutError):  # the row says how many went out
+                wait_until(lambda: counts(db).get("sent", 0) == n, timeout=budget)
         finally:
             stop_workers(workers)
         taken = httpx.get(f"{url}/bench/rate", timeout=30).json()
         attempts, releases = attempts_and_releases(db)
+        final = counts(db)
     accepted = taken["accepted_at"]
     seconds = max(accepted) - min(accepted)
+    sent = final.get("sent", 0)
     return {
         "scenario": label,
         "database": kind,
@@ -207,24 +213,25 @@ def scenario(kind: str, n: int, label: str, provider_rate: float | None) -> dict
         "provider_limit": LIMIT,
         "provider_rate": provider_rate,
         "messages": n,
+        "sent": sent,
         "seconds": round(seconds, 2),
         "delivered_per_second": round((len(accepted) - 1) / seconds, 1),
         "most_in_one_second": most_in_any_second(accepted),
         "provider_429s": taken["throttled"],
         "released_unsent": releases,
-        "attempts_spent_on_throttling": attempts - n,
-        "duplicates": len(accepted) - n,
+        "attempts_spent_on_throttling": attempts - sent,
+        "duplicates": len(accepted) - sent,
     }
 
 
-def run(quick: bool) -> list[dict[str, Any]]:
+def run(quick: bool) -> Iterator[dict[str, Any]]:
+    """The rows, each as soon as it is measured."""
     n = 150 if quick else 1500
-    rows = []
+    budget = n / 40 + 30  # at 45 a second or better, every email goes out well within it
     for label, provider_rate in SCENARIOS[:1] if quick else SCENARIOS:
-        rows.append(scenario("postgresql", n, label, provider_rate))
+        yield scenario("postgresql", n, label, provider_rate, budget)
     if not quick:
-        rows.append(scenario("mysql", n, SCENARIOS[0][0], SCENARIOS[0][1]))
-    return rows
+        yield scenario("mysql", n, SCENARIOS[0][0], SCENARIOS[0][1], budget)
 
 
 def serve(port: int) -> None:

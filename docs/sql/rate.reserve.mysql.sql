@@ -1,7 +1,7 @@
 -- rate.reserve (mysql)
 -- Take `count` consecutive send slots from `provider`'s schedule at PROVIDER_RATE `rate` (or
--- the lowered rate in force), for the whole fleet; the answer says when each slot comes, on
--- the database's clock.
+-- the lowered rate in force, climbing back over `cooldown`), for the whole fleet; the answer
+-- says when each slot comes, on the database's clock.
 -- Written by `python -m mailbag.store.sqldocs` from the plan; do not edit.
 
 -- step 1

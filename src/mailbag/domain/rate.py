@@ -13,7 +13,10 @@ The rules:
   sends each chunk no earlier than the slot of its last message. A chunk holds at most
   CHUNK_SECONDS' worth of the rate, so a batch call never bursts far past it.
 - A provider's own throttling answer lowers the rate for the fleet: to LOWER_FACTOR of
-  the rate in force, until now + the cooldown; never below MIN_FRACTION of PROVIDER_RATE.
+  the rate in force, climbing back in a straight line to PROVIDER_RATE over the cooldown
+  (additive increase after a multiplicative decrease, as TCP does: a stray 429 costs a
+  little for a while, a provider truly slower than PROVIDER_RATE keeps it lowered); never
+  below MIN_FRACTION of PROVIDER_RATE.
   The slots taken before a lowering still come at the old rate: throttles until they have
   passed (and SETTLE_SECONDS more, for the sends in flight) only extend the cooldown, so a
   burst of 429s lowers the rate once, not once per 429. The provider's retry-after hint
@@ -42,7 +45,7 @@ LEAD_SECONDS = 0.1
 # of k emails leaves at its last slot, so a provider that counts per second may see up to
 # k - 1 more than the rate in one second. 2% of the rate (and at least one email).
 CHUNK_SECONDS = 0.02
-LOWER_FACTOR = 0.8  # a throttle takes a fifth off the rate in force
+LOWER_FACTOR = 0.9  # a throttle takes a tenth off the rate in force
 SETTLE_SECONDS = 1.0  # after the last slot taken at the old rate, for sends in flight
 MIN_FRACTION = 0.01  # the lowest a throttled rate goes, as a share of PROVIDER_RATE
 
@@ -106,15 +109,20 @@ class Reservation:
     next_slot_at: Num  # the row's next free slot after this reservation
 
 
-def rate_in_force(ops: Ops, bucket: Bucket, *, now: Num, rate: float) -> Num:
-    """PROVIDER_RATE, or the lowered rate while a throttle's cooldown lasts."""
-    return ops.when(bucket.lowered_until > now, ops.least(bucket.lowered_rate, rate), rate)
+def rate_in_force(ops: Ops, bucket: Bucket, *, now: Num, rate: float, cooldown: float) -> Num:
+    """PROVIDER_RATE, or while a throttle's cooldown lasts the lowered rate, climbing back
+    to PROVIDER_RATE as the cooldown runs out."""
+    left = (bucket.lowered_until - now) / cooldown  # 1 when lowered, 0 once cooled down
+    climbing = bucket.lowered_rate + (rate - bucket.lowered_rate) * (1 - left)
+    return ops.when(bucket.lowered_until > now, ops.least(climbing, rate), rate)
 
 
-def reserve(ops: Ops, bucket: Bucket, *, now: Num, rate: float, count: Any) -> Reservation:
+def reserve(
+    ops: Ops, bucket: Bucket, *, now: Num, rate: float, cooldown: float, count: Any
+) -> Reservation:
     """Take `count` consecutive slots, the first at the next free one (at the soonest
     LEAD_SECONDS from now)."""
-    in_force = rate_in_force(ops, bucket, now=now, rate=rate)
+    in_force = rate_in_force(ops, bucket, now=now, rate=rate, cooldown=cooldown)
     start = ops.greatest(bucket.next_slot_at, now + LEAD_SECONDS)
     return Reservation(start, in_force, start + count / in_force)
 
@@ -136,7 +144,8 @@ def throttled(
     ones (MySQL's left to right)."""
     settling = bucket.settles_at > now
     lowered = ops.greatest(
-        rate_in_force(ops, bucket, now=now, rate=rate) * LOWER_FACTOR, rate * MIN_FRACTION
+        rate_in_force(ops, bucket, now=now, rate=rate, cooldown=cooldown) * LOWER_FACTOR,
+        rate * MIN_FRACTION,
     )
     hold = min(retry_after or 0.0, cooldown)
     return Bucket(

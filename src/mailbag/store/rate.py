@@ -74,16 +74,16 @@ def _now(dialect: Dialect) -> ColumnElement[float]:
 _MYSQL_LOCKED_NOW = literal_column("UNIX_TIMESTAMP(SYSDATE(6))", Double)
 
 
-def reserve(*, provider: str, count: int, rate: float) -> Plan[Grant]:
+def reserve(*, provider: str, count: int, rate: float, cooldown: float) -> Plan[Grant]:
     """Take `count` consecutive send slots from `provider`'s schedule at PROVIDER_RATE
-    `rate` (or the lowered rate in force), for the whole fleet; the answer says when each
-    slot comes, on the database's clock."""
+    `rate` (or the lowered rate in force, climbing back over `cooldown`), for the whole
+    fleet; the answer says when each slot comes, on the database's clock."""
     dialect = yield from current_dialect()
     for _ in range(2):  # the second time, after making the row
         if dialect == "mysql":
-            grant = yield from _reserve_locked(provider, count, rate)
+            grant = yield from _reserve_locked(provider, count, rate, cooldown)
         else:
-            grant = yield from _reserve_returning(dialect, provider, count, rate)
+            grant = yield from _reserve_returning(dialect, provider, count, rate, cooldown)
         if grant is not None:
             return grant
         now = (yield Step(select(_now(dialect).label("now")))).scalar_one()
@@ -97,10 +97,12 @@ def reserve(*, provider: str, count: int, rate: float) -> Plan[Grant]:
 
 
 def _reserve_returning(
-    dialect: Dialect, provider: str, count: int, rate: float
+    dialect: Dialect, provider: str, count: int, rate: float, cooldown: float
 ) -> Plan[Grant | None]:
     now = _now(dialect)
-    taken = rules.reserve(SQLOps(dialect), _BUCKET, now=now, rate=rate, count=count)
+    taken = rules.reserve(
+        SQLOps(dialect), _BUCKET, now=now, rate=rate, cooldown=cooldown, count=count
+    )
     statement = (
         update(pr)
         .where(pr.c.provider == provider)
@@ -112,19 +114,19 @@ def _reserve_returning(
         return None
     # The row after the update, and the clock it read: the slots taken end at next_slot_at.
     after = Bucket(float(row.next_slot_at), float(row.lowered_rate), float(row.lowered_until), 0.0)
-    in_force = rules.rate_in_force(FLOATS, after, now=float(row.now), rate=rate)
+    in_force = rules.rate_in_force(FLOATS, after, now=float(row.now), rate=rate, cooldown=cooldown)
     first = after.next_slot_at - count / in_force
     return Grant(count, first, in_force, float(row.now))
 
 
-def _reserve_locked(provider: str, count: int, rate: float) -> Plan[Grant | None]:
+def _reserve_locked(provider: str, count: int, rate: float, cooldown: float) -> Plan[Grant | None]:
     read = select(*_COLUMNS, _MYSQL_LOCKED_NOW.label("now")).where(pr.c.provider == provider)
     row = (yield Step(read.with_for_update())).first()
     if row is None:
         return None
     bucket = Bucket(*(float(value) for value in row[:4]))
     now = float(row.now)
-    taken = rules.reserve(FLOATS, bucket, now=now, rate=rate, count=count)
+    taken = rules.reserve(FLOATS, bucket, now=now, rate=rate, cooldown=cooldown, count=count)
     yield Step(update(pr).where(pr.c.provider == provider).values(next_slot_at=taken.next_slot_at))
     return Grant(count, taken.first_slot, taken.rate, now)
 

@@ -451,7 +451,7 @@ OPERATIONS: list[Operation] = [
     Operation(deployment.replace_key_check, {"key_check": "c", "now": NOW}),
     Operation(deployment.stored_key_check),
     # The fleet's send rate (PROVIDER_RATE)
-    Operation(rate.reserve, {"provider": "brevo", "count": 100, "rate": 50.0}),
+    Operation(rate.reserve, {"provider": "brevo", "count": 100, "rate": 50.0, "cooldown": 60.0}),
     Operation(
         rate.throttle, {"provider": "brevo", "rate": 50.0, "cooldown": 60.0, "retry_after": 2.0}
     ),

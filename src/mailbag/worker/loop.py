@@ -295,14 +295,14 @@ class Worker:
                 self.log.warning("provider_throttled", error=outcome.error)
             self.fleet_rate.report_throttle(outcome.retry_after)
             return
-        if self.stopping:
+        # One pause per burst: the other sends of the burst were made before it.
+        if self.stopping or time.monotonic() < self.paused_until:
             return
         delay = self.throttle_backoff.next()
         if outcome.retry_after is not None:
             delay = max(delay, outcome.retry_after.total_seconds())
-        if time.monotonic() + delay > self.paused_until:
-            self.paused_until = time.monotonic() + delay
-            self.log.warning("provider_throttled", error=outcome.error, pause_seconds=delay)
+        self.paused_until = time.monotonic() + delay
+        self.log.warning("provider_throttled", error=outcome.error, pause_seconds=delay)
 
     def _written(self, batch: list[Decided], results: Written) -> None:
         """The writer wrote `batch`: forget it, and tell what became of it."""

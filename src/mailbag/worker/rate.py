@@ -65,7 +65,12 @@ class FleetRate:
         self.reporting: asyncio.Task[None] | None = None
 
     async def reserve(self, count: int) -> Slots:
-        plan = store.reserve(provider=self.provider, count=count, rate=self.limit.per_second)
+        plan = store.reserve(
+            provider=self.provider,
+            count=count,
+            rate=self.limit.per_second,
+            cooldown=self.limit.cooldown,
+        )
         grant = await within(self.timeout, self._run(plan))
         received = time.monotonic()
         if grant.rate != self.in_force:
