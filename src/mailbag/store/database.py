@@ -117,13 +117,14 @@ def _configure_postgresql(engine: Engine, url: URL, statement_timeout: float | N
         def _utc(dbapi_connection: Any, _record: Any) -> None:
             # Timestamps then come back tagged with Python's own UTC: no conversion. In
             # autocommit: a session setting, outside any transaction SQLAlchemy manages.
+            autocommit = dbapi_connection.autocommit
             dbapi_connection.autocommit = True
             try:
                 cursor = dbapi_connection.cursor()
                 cursor.execute("SET TIME ZONE 'UTC'")
                 cursor.close()
             finally:
-                dbapi_connection.autocommit = False
+                dbapi_connection.autocommit = autocommit
 
     bounds = [name for name in _STATEMENT_BOUNDS if name not in own]
     if statement_timeout is None or not bounds:
