@@ -291,9 +291,8 @@ class Worker:
         """The provider throttled a send: slow the fleet down (or, without PROVIDER_RATE,
         this worker)."""
         if self.fleet_rate is not None:
-            if self.fleet_rate.reporting is None or self.fleet_rate.reporting.done():
+            if self.fleet_rate.report_throttle(outcome.retry_after):
                 self.log.warning("provider_throttled", error=outcome.error)
-            self.fleet_rate.report_throttle(outcome.retry_after)
             return
         # One pause per burst: the other sends of the burst were made before it.
         if self.stopping or time.monotonic() < self.paused_until:

@@ -4,8 +4,8 @@ the fleet (domain.rate has the rules, store/rate.py the SQL).
 - `reserve` is one short transaction per claimed batch (one statement on PostgreSQL and
   SQLite), bounded by the database timeout like every worker call.
 - `report_throttle` lowers the rate for every replica; at most one report is in flight per
-  worker (a burst of 429s from one batch is one report: the row's SETTLE_SECONDS guard
-  makes the others' reports only extend the cooldown anyway).
+  worker (a burst of 429s is one report; the row's `settles_at` makes other replicas'
+  reports of the same burst only extend the cooldown anyway).
 """
 
 from __future__ import annotations
@@ -78,11 +78,13 @@ class FleetRate:
         self.in_force = grant.rate
         return Slots(grant, received)
 
-    def report_throttle(self, retry_after: timedelta | None) -> None:
-        """Tell the fleet the provider throttled a send (in the background)."""
+    def report_throttle(self, retry_after: timedelta | None) -> bool:
+        """Tell the fleet the provider throttled a send (in the background). False when a
+        report is still on its way: this throttle is of the same burst."""
         if self.reporting is not None and not self.reporting.done():
-            return
+            return False
         self.reporting = asyncio.create_task(self._report(retry_after))
+        return True
 
     async def _report(self, retry_after: timedelta | None) -> None:
         plan = store.throttle(
