@@ -224,6 +224,30 @@ def scenario(
     }
 
 
+def reservation_cost(kind: str, n: int = 2000) -> dict[str, Any]:
+    """What the rate adds to each claimed batch: one reservation (its transaction, on one
+    pooled connection), `n` in a row after a warm-up, in microseconds."""
+    from mailbag.store import rate as store
+    from mailbag.store.session import Database as Sessions
+
+    with tempfile.TemporaryDirectory() as folder, scratch_database(kind, Path(folder)) as db:
+        sessions = Sessions(db.engine)
+        samples = []
+        for i in range(n + 200):
+            started = time.perf_counter()
+            with sessions.transaction() as tx:
+                tx.run(store.reserve(provider="bench", count=100, rate=1e6, cooldown=60.0))
+            if i >= 200:
+                samples.append((time.perf_counter() - started) * 1e6)
+    samples.sort()
+    return {
+        "database": kind,
+        "reservations": n,
+        "p50_us": round(samples[n // 2]),
+        "p99_us": round(samples[int(n * 0.99)]),
+    }
+
+
 def run(quick: bool) -> Iterator[dict[str, Any]]:
     """The rows, each as soon as it is measured."""
     n = 150 if quick else 1500
@@ -254,9 +278,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--serve", action="store_true", help="run the limited stand-in")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--cost", action="store_true", help="time one reservation instead")
     args = parser.parse_args()
     if args.serve:
         serve(args.port)
+        return
+    if args.cost:
+        for kind in ("postgresql", "mysql", "sqlite"):
+            print(json.dumps(reservation_cost(kind)), flush=True)
         return
     for row in run(args.quick):
         print(json.dumps(row), flush=True)
