@@ -277,18 +277,25 @@ def fill(
 
 
 def _filled_until(db: Scratch) -> int:
-    """How many rows a kept database holds: its chunks commit whole, in order of their
-    rows when one statement runs at a time (resume after an interrupted fill)."""
+    """How many rows a kept database was filled with: all of them once its last chunk (the
+    queue's rows) is in, whatever was purged since; else the count, as its chunks commit
+    whole, in order when one statement runs at a time (resume after an interrupted fill)."""
     with db.engine.connect() as conn:
+        last = conn.execute(text("SELECT 1 FROM outbox_messages WHERE status = 'retrying'"))
+        if last.first() is not None:
+            return db.rows
         return int(conn.execute(text("SELECT count(*) FROM outbox_messages")).scalar_one())
 
 
 def _anchor(db: Scratch) -> datetime:
-    """The anchor a kept database was filled from: its newest row was enqueued at
-    anchor - (rows - count) * step."""
+    """The anchor a kept database was filled from: its row `count` was enqueued at
+    anchor - (rows - count) * step, and the newest of a full one at the anchor."""
     count = _filled_until(db)
+    query = "SELECT max(created_at) FROM outbox_messages"
+    if count == db.rows:
+        query += " WHERE status IN ('pending', 'retrying')"
     with db.engine.connect() as conn:
-        newest = conn.execute(text("SELECT max(created_at) FROM outbox_messages")).scalar_one()
+        newest = conn.execute(text(query)).scalar_one()
     step = SPAN.total_seconds() / db.rows
     return (newest or datetime.now(UTC)) + timedelta(seconds=(db.rows - count) * step)
 
