@@ -17,9 +17,12 @@ Then, each timed part under the benchmark lock (`--lock`), never the fill:
   for a bounded time on the large database; rows/s, chunk p50/p99, the plan of the chunk's
   selection (EXPLAIN ANALYZE) and the whole `maintenance.purge` on the reference;
 - vacuum: dead tuples after the purge, VACUUM's time per table, dead tuples after it.
+- candidate (only when asked, `--phases candidate`): the purge chunks again with a partial
+  index on the finished rows' updated_at, built for the run (or as a migration made it).
 
 Results are printed and written to bench/results/rows.json; the databases are dropped at
-the end (`--keep` leaves them).
+the end (`--keep` leaves them; `--reuse` measures kept ones again, and finishes a fill
+that was interrupted).
 """
 
 from __future__ import annotations
