@@ -109,6 +109,11 @@ HOOK_LEASE_EXPIRATIONS = Counter(
     "Event hook deliveries whose lease expired mid-attempt (retried: a receiver may see "
     "them twice, same webhook-id).",
 )
+SCHEDULER_LEADER = Gauge(
+    "mailbag_scheduler_leader",
+    "1 on the replica that runs the fleet's periodic jobs (it holds the scheduler lock).",
+    multiprocess_mode="livemax",
+)
 # The outbox's gauges are read from the database at a scrape, at most once per
 # METRICS_CACHE_SECONDS per process (api/scrape.py); among several processes the newest
 # reading is the one reported ("mostrecent").

@@ -38,12 +38,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client import Gauge
 from sqlalchemy.engine import make_url
 
 from mailbag import log
 from mailbag.clock import Clock, utcnow
 from mailbag.database_url import dialect_of
+from mailbag.metrics import SCHEDULER_LEADER
 from mailbag.services import maintenance
 from mailbag.store.leadership import FileLock, Lock, LockLost, OnlyProcess, SessionLock
 from mailbag.worker.config import PeriodicJob
@@ -53,13 +53,6 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from mailbag.settings import Settings
-
-SCHEDULER_LEADER = Gauge(
-    "mailbag_scheduler_leader",
-    "1 on the replica that runs the fleet's periodic jobs (it holds the scheduler lock).",
-    multiprocess_mode="livemax",
-)
-
 
 def lock_for(settings: Settings) -> Lock:
     """The scheduler lock for this deployment's database (see the module's docstring)."""
