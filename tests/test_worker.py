@@ -176,6 +176,25 @@ async def test_a_disabled_provider_releases_without_spending_attempts(db, async_
     assert calls_while_disabled <= 3  # it paused instead of hammering a disabled provider
 
 
+async def test_a_batch_that_finds_the_provider_disabled_pauses_once_not_once_per_message(
+    db, async_engine
+):
+    ids = enqueue(db, 12)
+    enabled = False
+
+    def script(email: Any, nth: int) -> Any:
+        return Accepted("ok") if enabled else Disabled("no API key")
+
+    provider = MemoryProvider(script)
+    # One burst of twelve: one pause of 0.2 s; doubled per message it would be the cap.
+    worker = make_worker(db, async_engine, provider, disabled_backoff=(0.2, 60.0))
+    await run_worker_until(worker, lambda: len(provider.sent) >= 12)
+    assert worker.disabled_backoff.failures == 1
+    enabled = True
+    await run_worker_until(worker, all_in(db, Status.SENT, total=12), timeout=10)
+    assert all(get(db, i).attempt_count == 1 for i in ids)
+
+
 async def test_a_slow_live_send_keeps_its_lease(db, async_engine):
     (mid,) = enqueue(db, 1)
     provider = MemoryProvider(delay=1.2)

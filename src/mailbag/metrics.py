@@ -109,6 +109,12 @@ HOOK_LEASE_EXPIRATIONS = Counter(
     "Event hook deliveries whose lease expired mid-attempt (retried: a receiver may see "
     "them twice, same webhook-id).",
 )
+PROVIDER_RATE_IN_FORCE = Gauge(
+    "mailbag_provider_rate_per_second",
+    "The fleet's send rate in force as this worker last saw it: PROVIDER_RATE, or lower while "
+    "a provider's throttling cools down.",
+    multiprocess_mode="mostrecent",
+)
 SCHEDULER_LEADER = Gauge(
     "mailbag_scheduler_leader",
     "1 on the replica that runs the fleet's periodic jobs (it holds the scheduler lock).",

@@ -277,9 +277,12 @@ class Worker:
 
     def decided(self, message: Message, outcome: SendOutcome | None, decision: Decision) -> None:
         if isinstance(outcome, Disabled) and not self.stopping:
-            delay = self.disabled_backoff.next()
-            self.paused_until = max(self.paused_until, time.monotonic() + delay)
-            self.log.warning("provider_disabled", reason=outcome.reason, pause_seconds=delay)
+            # One pause per burst, as for throttles: the other sends of a batch that found
+            # the provider disabled were made before the pause, and must not each double it.
+            if time.monotonic() >= self.paused_until:
+                delay = self.disabled_backoff.next()
+                self.paused_until = time.monotonic() + delay
+                self.log.warning("provider_disabled", reason=outcome.reason, pause_seconds=delay)
         elif isinstance(outcome, Throttled):
             self._throttled(outcome)
         elif decision.action is Action.MARK_SENT:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from mailbag import metrics
 from mailbag.domain.rate import Grant, RateLimit
 from mailbag.store import rate as store
 from mailbag.store.database import within
@@ -75,6 +76,7 @@ class FleetRate:
         received = time.monotonic()
         if grant.rate != self.in_force:
             self.log.info("provider_rate_in_force", per_second=round(grant.rate, 3))
+            metrics.PROVIDER_RATE_IN_FORCE.set(grant.rate)
         self.in_force = grant.rate
         return Slots(grant, received)
 
