@@ -138,6 +138,8 @@ def purge(*, older_than: datetime, limit: int = 1000) -> Plan[int]:
     Callers repeat it until it returns less than `limit`, one short transaction per chunk, so
     a large purge never holds locks for long. `unknown` messages are never purged.
     """
+    # Exactly the predicate of the finished rows' index (migration 0012; MariaDB: (updated_at,
+    # status)): each chunk reads the oldest `limit` of them in order, never sorting them all.
     old = and_(MESSAGE_ROWS.in_states(states.TERMINAL), om.c.updated_at < older_than)
     oldest = select(om.c.id).where(old).order_by(om.c.updated_at).limit(limit)
     ids = (yield Step(oldest)).scalars().all()

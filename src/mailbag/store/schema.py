@@ -36,7 +36,7 @@ from sqlalchemy.sql.schema import SchemaItem
 from mailbag.domain import content
 from mailbag.domain import hooks as hook_rules
 from mailbag.domain import message as limits
-from mailbag.domain.states import CLAIMABLE, Status
+from mailbag.domain.states import CLAIMABLE, TERMINAL, Status
 from mailbag.domain.verification import ACTIVE, UNFINISHED, VState
 from mailbag.store.types import UTCDateTime, bigint_pk, json_type, long_binary, long_json
 
@@ -57,6 +57,7 @@ def _sql_list(states: Iterable[StrEnum]) -> str:
 CLAIMABLE_SQL = f"status IN ({_sql_list(CLAIMABLE)})"
 STATUS_CHECK_SQL = f"status IN ({_sql_list(set(Status))})"
 PROCESSING_SQL = f"status = '{Status.PROCESSING.value}'"
+TERMINAL_SQL = f"status IN ({_sql_list(TERMINAL)})"
 V_ACTIVE_SQL = f"state IN ({_sql_list(ACTIVE)})"
 V_UNFINISHED_SQL = f"state IN ({_sql_list(UNFINISHED)})"
 V_STATE_CHECK_SQL = f"state IN ({_sql_list(set(VState))})"
@@ -156,6 +157,14 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
             func.lower(table.c.to_address),
         )
     _queue_indexes(table, dialect, "claim_order_at", CLAIMABLE_SQL, PROCESSING_SQL)
+    # The purge (operator.purge) takes the oldest finished rows in updated_at order, chunk by
+    # chunk: (status, updated_at) cannot give that order across five states, so each chunk
+    # sorted every finished row past the cutoff (2.2 s a chunk with 2.5 * 10^6 of them).
+    # MariaDB (no partial indexes): updated_at order, the state checked in the index itself.
+    if _is_mysql(dialect):
+        Index(None, table.c.updated_at, table.c.status)
+    else:
+        Index(f"ix_{table.name}_finished_updated_at", table.c.updated_at, **_where(TERMINAL_SQL))
     return table
 
 

@@ -1,0 +1,143 @@
+"""The purge's chunks read the oldest finished messages from an index already in updated_at
+order (migration 0012), and purge deletes exactly the finished messages older than the cutoff:
+never an `unknown` one, never an unfinished one, never one changed at or after the cutoff."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, text
+
+from mailbag.domain.ids import uuid7
+from mailbag.domain.states import TERMINAL, Status
+from mailbag.store import operator
+from mailbag.store.plan import answering, dialect_of_connection, run
+from mailbag.store.schema import message_events, outbox_messages
+
+from helpers import T0
+
+CUTOFF = T0
+INDEX = {
+    "postgresql": "ix_outbox_messages_finished_updated_at",
+    "sqlite": "ix_outbox_messages_finished_updated_at",
+    "mysql": "ix_outbox_messages_updated_at_status",
+}
+
+
+def _row(status: Status, updated_at: Any) -> dict[str, Any]:
+    return {
+        "id": uuid7(),
+        "tenant_id": "t1",
+        "to_address": "a@example.com",
+        "template_data": {},
+        "headers": {},
+        "tags": [],
+        "metadata": {},
+        "status": status.value,
+        "attempt_count": 1,
+        "max_attempts": 5,
+        "next_attempt_at": updated_at,
+        "created_at": updated_at,
+        "updated_at": updated_at,
+    }
+
+
+def _fill(db: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every state, each older than, at and newer than the cutoff; one event per message.
+    Returns (the rows purge must delete, oldest first; the rows it must keep)."""
+    rows = []
+    for i, status in enumerate(sorted(Status)):
+        rows.append(_row(status, CUTOFF))  # not older than the cutoff: kept
+        for minutes in (-3000, -2000, -1000, 1000):
+            # Distinct times, interleaved across states, so the order is checkable.
+            rows.append(_row(status, CUTOFF + timedelta(minutes=minutes, seconds=i)))
+    with db.engine.begin() as conn:
+        conn.execute(insert(outbox_messages), rows)
+        conn.execute(
+            insert(message_events),
+            [
+                {
+                    "message_id": r["id"],
+                    "to_status": r["status"],
+                    "at": r["updated_at"],
+                    "actor": "t",
+                    "attempt": 1,
+                }
+                for r in rows
+            ],
+        )
+    gone = sorted(
+        (r for r in rows if r["status"] in TERMINAL and r["updated_at"] < CUTOFF),
+        key=lambda r: r["updated_at"],
+    )
+    kept = [r for r in rows if r not in gone]
+    return gone, kept
+
+
+def _purge(db: Any, limit: int) -> int:
+    with db.engine.begin() as conn:
+        return run(conn, operator.purge(older_than=CUTOFF, limit=limit))
+
+
+def _ids(conn: Connection, column: Any) -> set[Any]:
+    return set(conn.execute(select(column)).scalars())
+
+
+def test_purge_deletes_exactly_the_finished_rows_older_than_the_cutoff_oldest_first(db):
+    gone, kept = _fill(db)
+    assert len(gone) == 3 * len(TERMINAL) and Status.UNKNOWN not in {r["status"] for r in gone}
+
+    # One chunk: the oldest eligible rows, whatever their state.
+    assert _purge(db, limit=4) == 4
+    with db.engine.connect() as conn:
+        left = _ids(conn, outbox_messages.c.id)
+    assert {r["id"] for r in gone[:4]}.isdisjoint(left)
+    assert {r["id"] for r in gone[4:] + kept} == left
+
+    # The rest in chunks, until a short one says it is done.
+    counts = [_purge(db, limit=4) for _ in range(4)]
+    assert counts == [4, 4, 3, 0]
+    with db.engine.connect() as conn:
+        assert _ids(conn, outbox_messages.c.id) == {r["id"] for r in kept}
+        assert _ids(conn, message_events.c.message_id) == {r["id"] for r in kept}
+
+
+def _chunk_plan(conn: Connection) -> list[str]:
+    """The query plan of purge's first step (the chunk's selection), as the database says it.
+    A chunk smaller than the eligible rows, as at scale (1000 of millions)."""
+    dialect = dialect_of_connection(conn)
+    select_step = next(answering(operator.purge(older_than=CUTOFF, limit=3), dialect))
+    compiled = select_step.statement.compile(
+        dialect=conn.dialect, compile_kwargs={"render_postcompile": True}
+    )
+    params: Any = compiled.params
+    if compiled.positional:
+        params = tuple(compiled.params[name] for name in compiled.positiontup or ())
+    prefix = {"sqlite": "EXPLAIN QUERY PLAN ", "postgresql": "EXPLAIN ", "mysql": "EXPLAIN "}
+    rows = conn.exec_driver_sql(prefix[dialect] + compiled.string, params).mappings().all()
+    if dialect == "mysql":
+        return [f"key={row['key']} extra={row['Extra']}" for row in rows]
+    return [str(list(row.values())[-1]) for row in rows]
+
+
+def test_a_purge_chunk_reads_the_index_in_order_without_sorting(db):
+    _fill(db)
+    with db.engine.begin() as conn:
+        if db.dialect == "postgresql":
+            conn.execute(text("ANALYZE outbox_messages"))
+            # A table this small would be read whole whatever its indexes: ask what the
+            # planner does once reading it whole is not an option, as at 10^7 rows.
+            conn.execute(text("SET LOCAL enable_seqscan = off"))
+        elif db.dialect == "mysql":
+            conn.execute(text("ANALYZE TABLE outbox_messages"))
+        else:
+            # Without statistics SQLite guesses that `status IN (...)` on (status, updated_at)
+            # finds few rows and sorts them; with them (ANALYZE, PRAGMA optimize) it takes
+            # the partial index.
+            conn.execute(text("ANALYZE outbox_messages"))
+        plan = "\n".join(_chunk_plan(conn))
+    assert INDEX[db.dialect] in plan, plan
+    # Before 0012 every chunk sorted all eligible rows: a Sort node (PostgreSQL), a temporary
+    # b-tree for the ORDER BY (SQLite), a filesort (MariaDB).
+    assert "Sort" not in plan and "TEMP B-TREE" not in plan and "filesort" not in plan, plan
