@@ -4,17 +4,20 @@ never an `unknown` one, never an unfinished one, never one changed at or after t
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, text
+from sqlalchemy import Connection, insert, inspect, select, text
 
 from mailbag.domain.ids import uuid7
 from mailbag.domain.states import TERMINAL, Status
-from mailbag.store import operator
+from mailbag.store import migrate, operator
+from mailbag.store.database import make_engine
 from mailbag.store.plan import answering, dialect_of_connection, run
 from mailbag.store.schema import message_events, outbox_messages
 
+from conftest import _server_database
 from helpers import T0
 
 CUTOFF = T0
@@ -141,3 +144,27 @@ def test_a_purge_chunk_reads_the_index_in_order_without_sorting(db):
     # Before 0012 every chunk sorted all eligible rows: a Sort node (PostgreSQL), a temporary
     # b-tree for the ORDER BY (SQLite), a filesort (MariaDB).
     assert "Sort" not in plan and "TEMP B-TREE" not in plan and "filesort" not in plan, plan
+
+
+def test_an_index_built_concurrently_beforehand_is_kept_by_the_migration(postgresql_url):
+    # Building it inside the upgrade holds writes for the build (seconds at 10^7 rows): an
+    # operator may build it first with CONCURRENTLY, and the upgrade must then go through.
+    with contextlib.contextmanager(_server_database)("postgresql") as url:
+        engine = make_engine(url, null_pool=True)
+        try:
+            migrate.upgrade(engine, "0011_verification_expiry_index")
+            with engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+                    text(
+                        f"CREATE INDEX CONCURRENTLY {INDEX['postgresql']} ON outbox_messages "
+                        "(updated_at) WHERE status IN "
+                        "('cancelled', 'dead', 'expired', 'failed', 'sent')"
+                    )
+                )
+            migrate.upgrade(engine)
+            with engine.connect() as conn:
+                assert migrate.is_current(conn)
+            names = {ix["name"] for ix in inspect(engine).get_indexes("outbox_messages")}
+            assert INDEX["postgresql"] in names
+        finally:
+            engine.dispose()
