@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
     from mailbag.settings import Settings
 
+
 def lock_for(settings: Settings) -> Lock:
     """The scheduler lock for this deployment's database (see the module's docstring)."""
     if dialect_of(settings.database_url) != "sqlite":
