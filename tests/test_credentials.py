@@ -294,3 +294,24 @@ async def test_metrics_name_tenants_only_when_asked(db, tenant_labels):
     assert (tenant_id in text) is tenant_labels
     if not tenant_labels:
         assert 'mailbag_idempotency_conflicts_total{tenant="all"}' in text
+
+
+def test_empty_fleet_settings_mean_unset_and_bad_ones_are_refused(monkeypatch):
+    import pydantic
+
+    monkeypatch.setenv("MAILBAG_DATABASE_URL", "postgresql://u@db/mailbag")
+    for name in ("LISTEN_URL", "MIGRATE_URL", "PROVIDER_RATE"):
+        monkeypatch.setenv(f"MAILBAG_{name}", " ")
+    settings = Settings()
+    assert (settings.listen_url, settings.migrate_url, settings.provider_rate) == (None, None, None)
+    assert settings.session_url == settings.schema_url == "postgresql://u@db/mailbag"
+    for name, value in (
+        ("LISTEN_URL", "redis://cache/0"),
+        ("PROVIDER_RATE", "-1"),
+        ("PROVIDER_RATE", "fast"),
+        ("PURGE_AFTER_DAYS", "-1"),
+    ):
+        with monkeypatch.context() as env:
+            env.setenv(f"MAILBAG_{name}", value)
+            with pytest.raises(pydantic.ValidationError, match=name.lower()):
+                Settings()

@@ -211,6 +211,14 @@ class Settings(BaseSettings):
         """Derives each verification email's token from the key (API and worker alike)."""
         return Tokens(keys.derive(self.key, TOKEN_PURPOSE))
 
+    @field_validator("listen_url", "migrate_url", "provider_rate", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # `MAILBAG_LISTEN_URL=` means "not set" (DATABASE_URL), `MAILBAG_PROVIDER_RATE=` no limit.
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
     @field_validator("database_url", "listen_url", "migrate_url")
     @classmethod
     def _known_database(cls, value: str | None) -> str | None:
