@@ -17,12 +17,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple
 
-from mailbag.domain.verification import VAction
-from mailbag.store import attachments, idempotency, operator
+from mailbag.store import attachments, idempotency, operator, verifications
 from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase, Database
-from mailbag.store.transition import EventSpec, apply_transition
-from mailbag.store.verifications import VERIFICATION_ROWS, VerificationFilter, matching
 
 if TYPE_CHECKING:  # engines are handed in, never made here
     from sqlalchemy import Engine
@@ -53,25 +50,7 @@ def unused_attachments() -> Chunk:
 
 
 def stale_verifications(now: datetime) -> Chunk:
-    """Verifications whose time is up but that nobody has read since (a read expires them
-    too): moved to `expired`, each with its event. Rows another transaction holds are
-    skipped; the next run takes them."""
-
-    def chunk() -> Plan[int]:
-        moved = yield from apply_transition(
-            VERIFICATION_ROWS,
-            VAction.EXPIRE,
-            where=matching(VerificationFilter(expired_by=now)),
-            values={},
-            now=now,
-            actor=ACTOR,
-            limit=CHUNK,
-            skip_locked=True,
-            event=EventSpec(text="token expired"),
-        )
-        return len(moved)
-
-    return chunk
+    return lambda: verifications.expire_stale(now, actor=ACTOR, limit=CHUNK)
 
 
 def purge(engine: Engine, *, older_than: datetime, now: datetime) -> Purged:

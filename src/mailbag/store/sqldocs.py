@@ -392,6 +392,7 @@ OPERATIONS: list[Operation] = [
         verifications.follow_messages,
         {"changed": [Changed(_message(), Status.PROCESSING)], "now": NOW, "actor": "worker-1"},
     ),
+    Operation(verifications.expire_stale, {"now": NOW, "actor": "scheduler", "limit": 1000}),
     Operation(verifications.count_wrong_token, {"verification_id": IDS[0], "now": NOW}),
     Operation(verifications.get, {"verification_id": IDS[0], "tenant_id": TENANT}),
     Operation(verifications.active_for, {"tenant_id": TENANT, "email": "ada@example.com"}),

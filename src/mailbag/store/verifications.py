@@ -159,6 +159,24 @@ def transition(
     return [_verification(row) for row, _ in moved]
 
 
+def expire_stale(now: datetime, *, actor: str, limit: int) -> Plan[int]:
+    """Move up to `limit` verifications whose time is up but that nobody has read since (a
+    read expires them too) to `expired`, each with its event. Rows another transaction
+    holds are skipped; the next run takes them."""
+    moved = yield from apply_transition(
+        VERIFICATION_ROWS,
+        VAction.EXPIRE,
+        where=matching(VerificationFilter(expired_by=now)),
+        values={},
+        now=now,
+        actor=actor,
+        limit=limit,
+        skip_locked=True,
+        event=EventSpec(text="token expired"),
+    )
+    return len(moved)
+
+
 def follow_messages(
     changed: Sequence[Changed[Any]], *, now: datetime, actor: str
 ) -> Plan[list[Verification]]:
