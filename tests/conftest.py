@@ -8,12 +8,15 @@ then a missing URL is an error, so CI can never pass by skipping.
 
 from __future__ import annotations
 
+import functools
+import gc
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import fastapi.dependencies.models
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
@@ -104,6 +107,28 @@ def default_hook_fan_out() -> Iterator[None]:
     hooks.configure(enabled=True)
     yield
     hooks.configure(enabled=True)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What importing every module and collecting every test made lives as long as the run:
+    frozen, the collector never walks it again, which keeps each full collection (and
+    the event-loop pause it causes in a timing test) short."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def apps_die_with_their_test() -> Iterator[None]:
+    """FastAPI remembers facts about endpoint callables in module-level LRU caches of 4,096
+    entries, and each entry keeps the app whose closure it is alive. One app per process
+    never notices; a suite that builds an app per test held about two million objects by
+    mid-run, so every full garbage collection stalled the event loop for over a second, and
+    the timing tests (a 503 within DATABASE_TIMEOUT_SECONDS) failed on the collector's
+    pause, not on mailbag's. Emptying those caches after each test lets the apps go."""
+    yield
+    for cached in vars(fastapi.dependencies.models).values():
+        if isinstance(cached, functools._lru_cache_wrapper):
+            cached.cache_clear()
 
 
 @pytest.fixture(scope="session")
