@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Connection, Executable, func, select
 
 from mailbag.domain.delivery import Decision
 from mailbag.domain.message import NewMessage, new_message
@@ -17,7 +17,7 @@ from mailbag.store import dispatch, message_transitions
 from mailbag.store import enqueue as enqueue_store
 from mailbag.store import messages as message_store
 from mailbag.store.database import READ_ONLY
-from mailbag.store.plan import Plan, run
+from mailbag.store.plan import Plan, dialect_of_connection, run
 from mailbag.store.schema import message_events, outbox_messages
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -315,3 +315,18 @@ def check_full_delivery(raw: bytes, sent: Any) -> None:
         (attachment,) = [a for a in sent.attachments if a.content_id == reference]
         assert part.get_content() == attachment.content
         assert part.get_content_disposition() == "inline"
+
+
+def query_plan(conn: Connection, statement: Executable) -> str:
+    """How the database says it would run `statement` (EXPLAIN), one line per plan row:
+    what a test reads to tell an index probe from a scan or a sort."""
+    dialect = dialect_of_connection(conn)
+    compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    params: Any = compiled.params
+    if compiled.positional:
+        params = tuple(compiled.params[name] for name in compiled.positiontup or ())
+    prefix = {"sqlite": "EXPLAIN QUERY PLAN ", "postgresql": "EXPLAIN ", "mysql": "EXPLAIN "}
+    rows = conn.exec_driver_sql(prefix[dialect] + compiled.string, params).mappings().all()
+    if dialect == "mysql":
+        return "\n".join(f"key={row['key']} extra={row['Extra']}" for row in rows)
+    return "\n".join(str(list(row.values())[-1]) for row in rows)

@@ -18,7 +18,7 @@ from mailbag.store.plan import answering, dialect_of_connection, run
 from mailbag.store.schema import message_events, outbox_messages
 
 from conftest import _server_database
-from helpers import T0
+from helpers import T0, query_plan
 
 CUTOFF = T0
 INDEX = {
@@ -106,22 +106,12 @@ def test_purge_deletes_exactly_the_finished_rows_older_than_the_cutoff_oldest_fi
         assert _ids(conn, message_events.c.message_id) == {r["id"] for r in kept}
 
 
-def _chunk_plan(conn: Connection) -> list[str]:
-    """The query plan of purge's first step (the chunk's selection), as the database says it.
-    A chunk smaller than the eligible rows, as at scale (1000 of millions)."""
+def _chunk_plan(conn: Connection) -> str:
+    """The query plan of purge's first step (the chunk's selection). A chunk smaller than
+    the eligible rows, as at scale (1000 of millions)."""
     dialect = dialect_of_connection(conn)
     select_step = next(answering(operator.purge(older_than=CUTOFF, limit=3), dialect))
-    compiled = select_step.statement.compile(
-        dialect=conn.dialect, compile_kwargs={"render_postcompile": True}
-    )
-    params: Any = compiled.params
-    if compiled.positional:
-        params = tuple(compiled.params[name] for name in compiled.positiontup or ())
-    prefix = {"sqlite": "EXPLAIN QUERY PLAN ", "postgresql": "EXPLAIN ", "mysql": "EXPLAIN "}
-    rows = conn.exec_driver_sql(prefix[dialect] + compiled.string, params).mappings().all()
-    if dialect == "mysql":
-        return [f"key={row['key']} extra={row['Extra']}" for row in rows]
-    return [str(list(row.values())[-1]) for row in rows]
+    return query_plan(conn, select_step.statement)
 
 
 def test_a_purge_chunk_reads_the_index_in_order_without_sorting(db):
@@ -139,7 +129,7 @@ def test_a_purge_chunk_reads_the_index_in_order_without_sorting(db):
             # finds few rows and sorts them; with them (ANALYZE, PRAGMA optimize) it takes
             # the partial index.
             conn.execute(text("ANALYZE outbox_messages"))
-        plan = "\n".join(_chunk_plan(conn))
+        plan = _chunk_plan(conn)
     assert INDEX[db.dialect] in plan, plan
     # Before 0012 every chunk sorted all eligible rows: a Sort node (PostgreSQL), a temporary
     # b-tree for the ORDER BY (SQLite), a filesort (MariaDB).
