@@ -6,7 +6,7 @@
 -- step 1
 SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotency_key, outbox_messages.to_address, outbox_messages.to_name, outbox_messages.from_address, outbox_messages.subject, outbox_messages.template_name, outbox_messages.template_data, outbox_messages.headers, outbox_messages.tags, outbox_messages.metadata, outbox_messages.status, outbox_messages.attempt_count, outbox_messages.max_attempts, outbox_messages.next_attempt_at, outbox_messages.created_at, outbox_messages.updated_at, outbox_messages.claim_token, outbox_messages.claimed_by, outbox_messages.claimed_at, outbox_messages.lease_expires_at, outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error, outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried, outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at, outbox_messages.attachment_count
 FROM outbox_messages
-WHERE outbox_messages.status = :status_1 AND outbox_messages.tenant_id = :tenant_id_1 AND outbox_messages.id < :id_1 ORDER BY outbox_messages.id DESC
+WHERE outbox_messages.status = :status_1 AND outbox_messages.tenant_id = :tenant_id_1 AND outbox_messages.to_address = :address_1 AND (lower(outbox_messages.to_address) COLLATE utf8mb4_bin) = :address_1 AND outbox_messages.id < :id_1 ORDER BY outbox_messages.id DESC
  LIMIT :param_1;
 
 -- step 2

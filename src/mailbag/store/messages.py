@@ -5,7 +5,20 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, and_, func, select, true
+from sqlalchemy import (
+    BindParameter,
+    Boolean,
+    ColumnElement,
+    Row,
+    and_,
+    bindparam,
+    func,
+    select,
+    true,
+)
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from mailbag.domain.message import Filter, Message
 from mailbag.store import attachments
@@ -37,7 +50,7 @@ def matching(where: Filter) -> ColumnElement[bool]:
         conditions.append(om.c.tenant_id == where.tenant_id)
     if where.to:
         # Local parts are case-sensitive by the RFC but not by any mailbox anyone uses.
-        conditions.append(func.lower(om.c.to_address) == where.to.lower())
+        conditions.append(SameAddress(om.c.to_address, where.to))
     if where.template:
         conditions.append(om.c.template_name == where.template)
     if where.created_from is not None:
@@ -45,6 +58,38 @@ def matching(where: Filter) -> ColumnElement[bool]:
     if where.created_to is not None:
         conditions.append(om.c.created_at < where.created_to)
     return and_(true(), *conditions)
+
+
+class SameAddress(ColumnElement[bool]):
+    """`column` holds `address`, whatever the case of either, said so each database can
+    answer from an index: `lower(column) = :address` on PostgreSQL and SQLite (an expression
+    index, schema.py). MariaDB has no expression indexes; there the recipient column keeps
+    a caseless collation (schema.CASELESS), so `column = :address` narrows through its
+    plain index to a superset, and `lower(column)` compared byte for byte decides, because
+    that collation also ignores accents (`adá` = `ada`, another mailbox)."""
+
+    inherit_cache = True
+    type = Boolean()
+    _is_implicitly_boolean = True  # a comparison: no `= 1` after it where booleans are ints
+    _traverse_internals = [
+        ("column", InternalTraversal.dp_clauseelement),
+        ("address", InternalTraversal.dp_clauseelement),
+    ]
+
+    def __init__(self, column: ColumnElement[str], address: str) -> None:
+        self.column = column
+        self.address: BindParameter[str] = bindparam("address", address.lower(), unique=True)
+
+
+@compiles(SameAddress)
+def _same_address(element: SameAddress, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(func.lower(element.column) == element.address, **kw)
+
+
+@compiles(SameAddress, "mysql")
+def _same_address_mysql(element: SameAddress, compiler: SQLCompiler, **kw: Any) -> str:
+    exact = func.lower(element.column).collate("utf8mb4_bin") == element.address
+    return compiler.process(and_(element.column == element.address, exact), **kw)
 
 
 def page(

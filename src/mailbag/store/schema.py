@@ -31,6 +31,7 @@ from sqlalchemy import (
     func,
     text,
 )
+from sqlalchemy.dialects import mysql
 from sqlalchemy.sql.schema import SchemaItem
 
 from mailbag.domain import content
@@ -66,9 +67,19 @@ HOOK_STATUS_CHECK_SQL = f"status IN ({_sql_list(set(hook_rules.DState))})"
 HOOK_PROCESSING_SQL = f"status = '{hook_rules.DState.PROCESSING.value}'"
 
 
+# MariaDB/MySQL compare text byte for byte, as PostgreSQL and SQLite do: their default
+# utf8mb4 collations ignore case and accents, which made `Order-1` and `order-1` one
+# Idempotency-Key and a suppression of `adá@` block `ada@` (migration 0013).
+EXACT = "utf8mb4_bin"
+# The one column compared without case on purpose: a recipient (messages.SameAddress).
+CASELESS = "utf8mb4_general_ci"
+
+
 def _table(name: str, md: MetaData, *items: SchemaItem) -> Table:
-    """Every table: InnoDB with full UTF-8 on MariaDB/MySQL."""
-    return Table(name, md, *items, mysql_engine="InnoDB", mysql_charset="utf8mb4")
+    """Every table: InnoDB with full UTF-8, compared exactly, on MariaDB/MySQL."""
+    return Table(
+        name, md, *items, mysql_engine="InnoDB", mysql_charset="utf8mb4", mysql_collate=EXACT
+    )
 
 
 def _where(predicate: str) -> dict[str, Any]:
@@ -102,7 +113,7 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         Column("id", Uuid, primary_key=True),
         Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
         Column("idempotency_key", String(limits.IDEMPOTENCY_KEY_MAX)),
-        Column("to_address", String(limits.ADDRESS_MAX), nullable=False),
+        Column("to_address", _recipient_type(dialect), nullable=False),
         Column("to_name", String(limits.NAME_MAX)),
         Column("from_address", String(limits.ADDRESS_MAX)),
         Column("subject", String(limits.SUBJECT_MAX)),
@@ -150,7 +161,8 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
     if not _is_mysql(dialect):
         # A tenant's messages to one recipient (`GET /v1/messages?to=`) compare lower-cased
         # addresses; without this index that filter read the whole table (1.3 s at 10^6 rows).
-        # MariaDB has no expression indexes (see docs/scaling.md).
+        # MariaDB has no expression indexes: it reads the plain to_address index instead
+        # (messages.SameAddress).
         Index(  # bound to the table by its columns
             "ix_outbox_messages_tenant_id_lower_to_address",
             table.c.tenant_id,
@@ -166,6 +178,12 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
     else:
         Index(f"ix_{table.name}_finished_updated_at", table.c.updated_at, **_where(TERMINAL_SQL))
     return table
+
+
+def _recipient_type(dialect: str | None) -> String:
+    if _is_mysql(dialect):
+        return mysql.VARCHAR(limits.ADDRESS_MAX, collation=CASELESS)
+    return String(limits.ADDRESS_MAX)
 
 
 def _queue_indexes(

@@ -334,7 +334,11 @@ OPERATIONS: list[Operation] = [
     Operation(messages.get, {"message_id": IDS[0], "tenant_id": TENANT}),
     Operation(
         messages.page,
-        {"where": Filter(tenant_id=TENANT, status=Status.PENDING), "limit": 50, "before": IDS[2]},
+        {
+            "where": Filter(tenant_id=TENANT, status=Status.PENDING, to="Ada@example.com"),
+            "limit": 50,
+            "before": IDS[2],
+        },
     ),
     Operation(messages.events, {"message_id": IDS[0]}),
     Operation(messages.count_by_status),
