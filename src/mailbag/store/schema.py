@@ -67,19 +67,19 @@ HOOK_STATUS_CHECK_SQL = f"status IN ({_sql_list(set(hook_rules.DState))})"
 HOOK_PROCESSING_SQL = f"status = '{hook_rules.DState.PROCESSING.value}'"
 
 
-# MariaDB/MySQL compare text byte for byte, as PostgreSQL and SQLite do: their default
-# utf8mb4 collations ignore case and accents, which made `Order-1` and `order-1` one
-# Idempotency-Key and a suppression of `adá@` block `ada@` (migration 0013).
-EXACT = "utf8mb4_bin"
+# MariaDB/MySQL compare text byte for byte, as PostgreSQL and SQLite do (migration 0013):
+# their default utf8mb4 collations ignore case and accents, which made `Order-1` and
+# `order-1` one Idempotency-Key and a suppression of `adá@` block `ada@`; and utf8mb4_bin
+# still pads, calling `k-1` and `k-1 ` equal. Each server's no-pad binary collation:
+EXACT = {"mariadb": "utf8mb4_nopad_bin", "mysql": "utf8mb4_0900_bin"}
 # The one column compared without case on purpose: a recipient (messages.SameAddress).
 CASELESS = "utf8mb4_general_ci"
 
 
 def _table(name: str, md: MetaData, *items: SchemaItem) -> Table:
-    """Every table: InnoDB with full UTF-8, compared exactly, on MariaDB/MySQL."""
-    return Table(
-        name, md, *items, mysql_engine="InnoDB", mysql_charset="utf8mb4", mysql_collate=EXACT
-    )
+    """Every table: InnoDB with full UTF-8 on MariaDB/MySQL. (Migrations make the tables
+    there, and give them EXACT, which depends on the server.)"""
+    return Table(name, md, *items, mysql_engine="InnoDB", mysql_charset="utf8mb4")
 
 
 def _where(predicate: str) -> dict[str, Any]:

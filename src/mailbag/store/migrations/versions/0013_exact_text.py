@@ -4,8 +4,10 @@ Every table was created with utf8mb4's default collation, which compares without
 without accents. Unique keys and lookups therefore disagreed with the other databases:
 `Order-1` and `order-1` were one Idempotency-Key (the second request got the first one's
 answer, or a 409), and `adá@example.com` and `ada@example.com` one suppression. Every
-table moves to utf8mb4_bin, except `outbox_messages.to_address`, which keeps a caseless
-collation so that its plain index can serve `?to=` (store/messages.py, SameAddress).
+table moves to the server's no-pad binary collation (utf8mb4_bin would still call `k-1`
+and `k-1 ` equal): utf8mb4_nopad_bin on MariaDB, utf8mb4_0900_bin on MySQL 8. Except
+`outbox_messages.to_address`, which keeps a caseless collation so that its plain index can
+serve `?to=` (store/messages.py, SameAddress). Down again: the charset's default.
 
 Tightening a collation never makes two stored values collide, so the conversion cannot
 fail on existing data. It rebuilds each table (ALGORITHM=COPY), holding writes to it
@@ -48,25 +50,27 @@ TABLES = (
     "verification_send_counts",
     "verification_sends",
 )
-RECIPIENT = "to_address VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {} NOT NULL"
+RECIPIENT = "to_address VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL"
 # The one text column a foreign key shares: MariaDB changes neither side's collation while
 # the key stands, so it is dropped and made again around the conversion.
 SHARED_KEY = "fk_message_attachments_sha256_attachments"
 
 
-def _convert(collation: str, recipient: str) -> None:
-    if op.get_bind().dialect.name not in ("mysql", "mariadb"):
-        return
+def _convert(collation: str) -> None:
     op.drop_constraint(SHARED_KEY, "message_attachments", type_="foreignkey")
     for table in TABLES:
-        op.execute(f"ALTER TABLE {table} CONVERT TO CHARACTER SET utf8mb4 COLLATE {collation}")
-    op.execute(f"ALTER TABLE outbox_messages MODIFY {RECIPIENT.format(recipient)}")
+        op.execute(f"ALTER TABLE {table} CONVERT TO CHARACTER SET utf8mb4 {collation}")
+    op.execute(f"ALTER TABLE outbox_messages MODIFY {RECIPIENT}")
     op.create_foreign_key(SHARED_KEY, "message_attachments", "attachments", ["sha256"], ["sha256"])
 
 
 def upgrade() -> None:
-    _convert("utf8mb4_bin", "utf8mb4_general_ci")
+    bind = op.get_bind()
+    if bind.dialect.name in ("mysql", "mariadb"):
+        exact = "utf8mb4_nopad_bin" if bind.dialect.is_mariadb else "utf8mb4_0900_bin"
+        _convert(f"COLLATE {exact}")
 
 
 def downgrade() -> None:
-    _convert("utf8mb4_general_ci", "utf8mb4_general_ci")
+    if op.get_bind().dialect.name in ("mysql", "mariadb"):
+        _convert("")  # the charset's default collation, as the tables were made
