@@ -21,7 +21,10 @@ Create Date: 2026-12-01
 
 from __future__ import annotations
 
+from typing import cast
+
 from alembic import op
+from sqlalchemy.dialects.mysql.base import MySQLDialect
 
 revision = "0013_exact_text"
 down_revision = "0012_purge_index"
@@ -67,7 +70,8 @@ def _convert(collation: str) -> None:
 def upgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name in ("mysql", "mariadb"):
-        exact = "utf8mb4_nopad_bin" if bind.dialect.is_mariadb else "utf8mb4_0900_bin"
+        mariadb = cast(MySQLDialect, bind.dialect).is_mariadb
+        exact = "utf8mb4_nopad_bin" if mariadb else "utf8mb4_0900_bin"
         _convert(f"COLLATE {exact}")
 
 
