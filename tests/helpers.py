@@ -12,7 +12,9 @@ from typing import Any
 from sqlalchemy import Connection, Executable, func, select
 
 from mailbag.domain.delivery import Decision
+from mailbag.domain.ids import uuid7
 from mailbag.domain.message import NewMessage, new_message
+from mailbag.domain.states import Status
 from mailbag.store import dispatch, message_transitions
 from mailbag.store import enqueue as enqueue_store
 from mailbag.store import messages as message_store
@@ -330,3 +332,26 @@ def query_plan(conn: Connection, statement: Executable) -> str:
     if dialect == "mysql":
         return "\n".join(f"key={row['key']} extra={row['Extra']}" for row in rows)
     return "\n".join(str(list(row.values())[-1]) for row in rows)
+
+
+def message_row(
+    *, status: Status = Status.PENDING, at: datetime = T0, **columns: Any
+) -> dict[str, Any]:
+    """One outbox_messages row to INSERT as it stands (no enqueue, no events), changed last
+    `at`: for tests that lay out many rows in an exact shape."""
+    return {
+        "id": uuid7(),
+        "tenant_id": "t1",
+        "to_address": "a@example.com",
+        "template_data": {},
+        "headers": {},
+        "tags": [],
+        "metadata": {},
+        "status": status.value,
+        "attempt_count": 0 if status is Status.PENDING else 1,
+        "max_attempts": 5,
+        "next_attempt_at": at,
+        "created_at": at,
+        "updated_at": at,
+        **columns,
+    }

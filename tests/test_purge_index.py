@@ -10,7 +10,6 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, inspect, select, text
 
-from mailbag.domain.ids import uuid7
 from mailbag.domain.states import TERMINAL, Status
 from mailbag.store import migrate, operator
 from mailbag.store.database import make_engine
@@ -18,7 +17,7 @@ from mailbag.store.plan import answering, dialect_of_connection, run
 from mailbag.store.schema import message_events, outbox_messages
 
 from conftest import _server_database
-from helpers import T0, query_plan
+from helpers import T0, message_row, query_plan
 
 CUTOFF = T0
 INDEX = {
@@ -28,33 +27,17 @@ INDEX = {
 }
 
 
-def _row(status: Status, updated_at: Any) -> dict[str, Any]:
-    return {
-        "id": uuid7(),
-        "tenant_id": "t1",
-        "to_address": "a@example.com",
-        "template_data": {},
-        "headers": {},
-        "tags": [],
-        "metadata": {},
-        "status": status.value,
-        "attempt_count": 1,
-        "max_attempts": 5,
-        "next_attempt_at": updated_at,
-        "created_at": updated_at,
-        "updated_at": updated_at,
-    }
-
-
 def _fill(db: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every state, each older than, at and newer than the cutoff; one event per message.
     Returns (the rows purge must delete, oldest first; the rows it must keep)."""
     rows = []
     for i, status in enumerate(sorted(Status)):
-        rows.append(_row(status, CUTOFF))  # not older than the cutoff: kept
+        rows.append(message_row(status=status, at=CUTOFF))  # not older than the cutoff: kept
         for minutes in (-3000, -2000, -1000, 1000):
             # Distinct times, interleaved across states, so the order is checkable.
-            rows.append(_row(status, CUTOFF + timedelta(minutes=minutes, seconds=i)))
+            rows.append(
+                message_row(status=status, at=CUTOFF + timedelta(minutes=minutes, seconds=i))
+            )
     with db.engine.begin() as conn:
         conn.execute(insert(outbox_messages), rows)
         conn.execute(

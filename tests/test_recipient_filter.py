@@ -8,14 +8,12 @@ from typing import Any
 
 from sqlalchemy import insert, select, text
 
-from mailbag.domain.ids import uuid7
 from mailbag.domain.message import Filter
-from mailbag.domain.states import Status
 from mailbag.store import messages
 from mailbag.store.plan import run
 from mailbag.store.schema import outbox_messages
 
-from helpers import T0, query_plan
+from helpers import message_row, query_plan
 
 SAME = ["ada@example.com", "Ada@Example.COM", "ADA@EXAMPLE.COM", "adA@example.com"]
 OTHERS = [
@@ -31,31 +29,16 @@ INDEX = {
 }
 
 
-def _row(tenant_id: str, to_address: str) -> dict[str, Any]:
-    return {
-        "id": uuid7(),
-        "tenant_id": tenant_id,
-        "to_address": to_address,
-        "template_data": {},
-        "headers": {},
-        "tags": [],
-        "metadata": {},
-        "status": Status.PENDING.value,
-        "attempt_count": 0,
-        "max_attempts": 5,
-        "next_attempt_at": T0,
-        "created_at": T0,
-        "updated_at": T0,
-    }
-
-
 def _fill(db: Any) -> set[Any]:
     """Messages to the same mailbox in several spellings, to others, and to the same one
     in another tenant; returns the ids a filter for ada@example.com in t1 must find."""
-    mine = [_row("t1", address) for address in SAME]
-    rows = mine + [_row("t1", a) for a in OTHERS] + [_row("t2", a) for a in SAME]
+    mine = [message_row(to_address=a) for a in SAME]
+    rows = mine + [message_row(to_address=a) for a in OTHERS]
+    rows += [message_row(tenant_id="t2", to_address=a) for a in SAME]
     # Enough of other recipients that reading them all would cost more than the index.
-    rows += [_row(f"t{i % 3}", f"user{i}@example.com") for i in range(300)]
+    rows += [
+        message_row(tenant_id=f"t{i % 3}", to_address=f"user{i}@example.com") for i in range(300)
+    ]
     with db.engine.begin() as conn:
         conn.execute(insert(outbox_messages), rows)
     return {row["id"] for row in mine}
