@@ -139,20 +139,28 @@ def _configure_postgresql(engine: Engine, url: URL, statement_timeout: float | N
         connection.exec_driver_sql(bound)
 
 
+STRICT_SQL_MODE = (
+    "SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES')"
+)
+
+
 def _mysql_options(
     timeout: float, statement_timeout: float | None, *, asynchronous: bool
 ) -> dict[str, Any]:
     options: dict[str, Any] = {"connect_timeout": max(1, round(timeout))}
     if not asynchronous:
         options["write_timeout"] = max(1, round(timeout))  # PyMySQL only
+    # Strict, whatever the server's default: a lenient sql_mode (sql_mode='' is still some
+    # servers' setting) stores a value too long for its column cut short with a warning,
+    # so a message accepted would not be the message sent. Strict, it is an error (422).
+    init = [STRICT_SQL_MODE]
     if statement_timeout is not None:
         # The server ends the statement first (a clean error); a read that still waits a
         # moment later means the server or the network is gone. MariaDB only (`/*M!`):
         # MySQL reads the variable as a comment.
         options["read_timeout"] = max(1, round(statement_timeout + 1))
-        options["init_command"] = (
-            f"SET @mailbag = 1 /*M! , SESSION max_statement_time = {statement_timeout:g} */"
-        )
+        init.append(f"@mailbag = 1 /*M! , SESSION max_statement_time = {statement_timeout:g} */")
+    options["init_command"] = "SET " + ", ".join(init)
     return options
 
 
