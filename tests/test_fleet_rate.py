@@ -127,6 +127,30 @@ def test_a_claim_and_a_chunk_hold_a_bounded_share_of_the_rate() -> None:
     assert grant.ahead == pytest.approx(0.8)
 
 
+@given(
+    st.floats(1.0, 500.0),  # the rate
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=60),  # how late each slot woke
+    st.integers(1, 10),  # emails a chunk
+)
+def test_a_pace_spreads_late_sends_and_never_delays_ones_a_chunk_late_or_less(
+    rate: float, lateness: list[float], count: int
+) -> None:
+    step, start = count / rate, 100.0  # a monotonic clock's seconds
+    # Woken on their slots, or late by at most a chunk's time: nothing waits (no drift).
+    pace = rules.Pace()
+    waits = [
+        pace.wait(count, rate, start + k * step + min(late, 0.999) * step)
+        for k, late in enumerate(lateness)
+    ]
+    assert max(waits) <= 1e-9
+    # Woken together (the loop was held up): the first two leave at once, the rest a
+    # chunk's time apart, whatever their slots said.
+    pace = rules.Pace()
+    waits = [pace.wait(count, rate, start) for _ in lateness]
+    expected = [max(0, i - 1) * step for i in range(len(lateness))]
+    assert waits == pytest.approx(expected, abs=1e-9)
+
+
 def test_a_throttled_send_is_released_without_an_attempt_unless_its_key_runs_out() -> None:
     claimed = datetime(2026, 1, 1, tzinfo=UTC)
     throttled = Throttled("429 too_many_requests", retry_after=timedelta(seconds=3))
@@ -297,6 +321,30 @@ async def test_the_worker_paces_its_sends_and_spends_no_attempt_on_a_throttle(
     with Database(db.engine).connect() as session:
         row = session.run(store.schedule(provider="memory"))
     assert row is not None and row[0].lowered_rate == pytest.approx(20.0 * rules.LOWER_FACTOR)
+
+
+async def test_sends_woken_late_by_a_stalled_loop_leave_at_the_rate_not_in_one_burst(
+    db, async_engine
+) -> None:
+    enqueue(db, 20)
+    provider = MemoryProvider()
+    sent_at: list[float] = []
+    original = provider.send
+
+    async def stalling_send(email: Any) -> Any:
+        sent_at.append(time.monotonic())
+        if len(sent_at) == 1:
+            time.sleep(0.4)  # the event loop held up (a GC pause, a starved CPU): 8 slots
+        return await original(email)
+
+    provider.send = stalling_send  # type: ignore[method-assign]
+    worker = make_worker(async_engine, provider, RateLimit(20.0, cooldown=60.0))
+    await run_worker_until(worker, lambda: status_counts(db) == {"sent": 20}, timeout=20)
+    # The slots that passed during the stall leave two at once, then at the rate: without
+    # the pace, 18 left within half a second.
+    assert most_in_any_window(sent_at[1:], 0.5) <= 20.0 * 0.5 + 2
+    gaps = [b - a for a, b in itertools.pairwise(sorted(sent_at[1:]))]
+    assert sum(gap < 0.02 for gap in gaps) <= 2
 
 
 # --- replicas as processes -----------------------------------------------------------------

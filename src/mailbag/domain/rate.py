@@ -193,3 +193,23 @@ def claim_limit(rate: float) -> int:
 def chunk_limit(rate: float) -> int:
     """The most emails one provider call carries under `rate` (CHUNK_SECONDS' worth)."""
     return max(1, int(rate * CHUNK_SECONDS))
+
+
+@dataclass
+class Pace:
+    """One worker's sends kept the rate apart even when they leave late.
+
+    A chunk leaves at its slot, but a worker whose event loop was held up (a GC pause, a
+    starved CPU) wakes with several past slots at once and would send them in one burst,
+    over the provider's per-second count. Each chunk also asks here (a virtual scheduling
+    clock, as GCRA keeps it): it may leave as much as one chunk's time ahead of `due`, so a
+    send a little late takes nothing from the next one, and the rest of a late burst
+    follows at the rate."""
+
+    due: float = -math.inf  # when the next send would leave at the rate, on time
+
+    def wait(self, count: int, rate: float, now: float) -> float:
+        """Seconds to wait before sending `count` emails at `now`; books them."""
+        start = max(now, self.due - count / rate)
+        self.due = max(self.due, start) + count / rate
+        return start - now

@@ -8,7 +8,8 @@ the caller keeps its own books (tests pass a recorder and the in-memory provider
 - A message whose template does not render is decided `Rejected` at once; it never leaves.
 - Attachments are composed from `contents`, their bytes by SHA-256, read with the claim.
 - Under PROVIDER_RATE the chunk waits for its send slot (`not_before`, monotonic), once
-  composed.
+  composed, and for this worker's `Pace`, so that sends woken late together (the event
+  loop was held up) still leave the rate apart.
 - Just before the send, `progress.start` may refuse (the worker is stopping): the chunk is
   handed back unsent as `Disabled`, no attempt spent.
 - A provider that raises (a bug in it) may have sent: `Ambiguous`, never keyed, so it is
@@ -24,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mailbag import metrics
@@ -45,6 +47,7 @@ from mailbag.domain.delivery import (
     lapse,
 )
 from mailbag.domain.message import Message
+from mailbag.domain.rate import Pace
 from mailbag.providers.base import Provider
 from mailbag.providers.kit import describe
 from mailbag.templates import Catalog, TemplateError
@@ -78,6 +81,7 @@ class Sender:
     clock: Clock
     rng: random.Random
     log: Any
+    pace: Pace = field(default_factory=Pace)  # this worker's sends, under PROVIDER_RATE
 
     async def attempt(
         self,
@@ -86,9 +90,11 @@ class Sender:
         contents: Mapping[str, bytes] = NO_CONTENTS,
         *,
         not_before: float | None = None,
+        rate: float = math.inf,
     ) -> None:
         """Send `chunk`; `contents` holds its attachments' bytes by SHA-256; not before the
-        monotonic time `not_before`, if given (its send slot)."""
+        monotonic time `not_before`, if given (its send slot), nor closer than `rate` (the
+        one in force) to this worker's other sends."""
         now = self.clock()
         config = self.config
         messages: list[Message] = []
@@ -119,8 +125,11 @@ class Sender:
                 emails.append(email)
         if not messages:
             return
-        if not_before is not None and (wait := not_before - time.monotonic()) > 0:
-            await asyncio.sleep(wait)
+        if not_before is not None:
+            if (wait := not_before - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+            if (wait := self.pace.wait(len(messages), rate, time.monotonic())) > 0:
+                await asyncio.sleep(wait)  # woken late with others: not in one burst
         if not progress.start(messages):  # claimed but never started: no attempt spent
             for message in messages:
                 self._decided(progress, message, Disabled("worker shutting down before the send"))
