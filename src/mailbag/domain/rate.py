@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 # A worker claims at most this many seconds' worth of the rate at once, and claims again
 # only once the fleet's schedule runs less than this far ahead: a claimed message waits
@@ -193,6 +193,13 @@ def claim_limit(rate: float) -> int:
 def chunk_limit(rate: float) -> int:
     """The most emails one provider call carries under `rate` (CHUNK_SECONDS' worth)."""
     return max(1, int(rate * CHUNK_SECONDS))
+
+
+class SendSlot(NamedTuple):
+    """When a chunk may leave (a monotonic time) and the rate in force when it was given."""
+
+    at: float
+    rate: float
 
 
 @dataclass

@@ -7,7 +7,7 @@ the caller keeps its own books (tests pass a recorder and the in-memory provider
   composed, never sent.
 - A message whose template does not render is decided `Rejected` at once; it never leaves.
 - Attachments are composed from `contents`, their bytes by SHA-256, read with the claim.
-- Under PROVIDER_RATE the chunk waits for its send slot (`not_before`, monotonic), once
+- Under PROVIDER_RATE the chunk waits for its send slot (a monotonic time), once
   composed, and for this worker's `Pace`, so that sends woken late together (the event
   loop was held up) still leave the rate apart.
 - Just before the send, `progress.start` may refuse (the worker is stopping): the chunk is
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -47,7 +46,7 @@ from mailbag.domain.delivery import (
     lapse,
 )
 from mailbag.domain.message import Message
-from mailbag.domain.rate import Pace
+from mailbag.domain.rate import Pace, SendSlot
 from mailbag.providers.base import Provider
 from mailbag.providers.kit import describe
 from mailbag.templates import Catalog, TemplateError
@@ -89,12 +88,11 @@ class Sender:
         progress: Progress,
         contents: Mapping[str, bytes] = NO_CONTENTS,
         *,
-        not_before: float | None = None,
-        rate: float = math.inf,
+        slot: SendSlot | None = None,
     ) -> None:
-        """Send `chunk`; `contents` holds its attachments' bytes by SHA-256; not before the
-        monotonic time `not_before`, if given (its send slot), nor closer than `rate` (the
-        one in force) to this worker's other sends."""
+        """Send `chunk`; `contents` holds its attachments' bytes by SHA-256; under
+        PROVIDER_RATE not before its `slot`, nor closer than the slot's rate to this
+        worker's other sends."""
         now = self.clock()
         config = self.config
         messages: list[Message] = []
@@ -125,10 +123,10 @@ class Sender:
                 emails.append(email)
         if not messages:
             return
-        if not_before is not None:
-            if (wait := not_before - time.monotonic()) > 0:
+        if slot is not None:
+            if (wait := slot.at - time.monotonic()) > 0:
                 await asyncio.sleep(wait)
-            if (wait := self.pace.wait(len(messages), rate, time.monotonic())) > 0:
+            if (wait := self.pace.wait(len(messages), slot.rate, time.monotonic())) > 0:
                 await asyncio.sleep(wait)  # woken late with others: not in one burst
         if not progress.start(messages):  # claimed but never started: no attempt spent
             for message in messages:

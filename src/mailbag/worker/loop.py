@@ -260,13 +260,8 @@ class Worker:
         sent = 0
         for chunk in chunks(messages, size):
             sent += len(chunk)
-            if slots is None:
-                attempt = self.sender.attempt(chunk, self, contents)
-            else:
-                attempt = self.sender.attempt(
-                    chunk, self, contents, not_before=slots.at(sent - 1), rate=slots.grant.rate
-                )
-            task = asyncio.create_task(attempt)
+            slot = slots.slot(sent - 1) if slots is not None else None
+            task = asyncio.create_task(self.sender.attempt(chunk, self, contents, slot=slot))
             self.send_tasks.add(task)
             task.add_done_callback(self.send_tasks.discard)
 

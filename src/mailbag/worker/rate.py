@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag import metrics
-from mailbag.domain.rate import Grant, RateLimit
+from mailbag.domain.rate import Grant, RateLimit, SendSlot
 from mailbag.store import rate as store
 from mailbag.store.database import within
 from mailbag.store.plan import Plan
@@ -46,9 +46,9 @@ class Slots:
     grant: Grant
     received: float
 
-    def at(self, index: int) -> float:
-        """The monotonic time of slot `index`: nothing of it leaves before."""
-        return self.received + self.grant.delay(index)
+    def slot(self, index: int) -> SendSlot:
+        """Slot `index`: nothing of it leaves before its monotonic time."""
+        return SendSlot(self.received + self.grant.delay(index), self.grant.rate)
 
     @property
     def schedule_end(self) -> float:
