@@ -242,7 +242,11 @@ def scale(kind: str, total_rows: int, api_requests: int = 400) -> dict[str, Any]
         timings = asyncio.run(_claim_latencies(db))
         sink_dir = Path(tmp) / "sink"
         sink_dir.mkdir()
-        env = worker_env(db, sink_dir, batch_size=100, concurrency=256, poll_interval=0.05)
+        # The grown rows are older than PURGE_AFTER_DAYS: the elected scheduler's first purge
+        # would delete them while the count below waits for every row to be sent.
+        env = worker_env(
+            db, sink_dir, batch_size=100, concurrency=256, poll_interval=0.05, purge_after_days=0
+        )
         (worker,) = start_workers(1, env)
         try:
             with PeakRss(worker.pid) as worker_peak:
