@@ -22,9 +22,11 @@ from mailbag.domain.states import Status
 from mailbag.services import outbox as outbox_service
 from mailbag.settings import Settings
 from mailbag.store import dispatch as store
+from mailbag.store.database import DatabaseTimeout
 from mailbag.store.plan import run_async
 from mailbag.templates import builtin
 from mailbag.worker import PeriodicJob, Worker, WorkerConfig, WorkerFailed
+from mailbag.worker.database import Claimed
 
 from helpers import events, get, run_worker_until, status_counts
 from memory_provider import MemoryProvider
@@ -204,6 +206,52 @@ async def test_a_slow_live_send_keeps_its_lease(db, async_engine):
     await run_worker_until(worker, all_in(db, Status.SENT, total=1))
     assert get(db, mid).status == Status.SENT
     assert worker.report.stats["swept"] == 0
+
+
+def lose_the_first_claims_answer(worker: Worker) -> list[Any]:
+    """The first claim that takes messages commits, then its answer is lost on the way back
+    (as when the connection drops during COMMIT). Returns the lost claims' tokens."""
+    lost: list[Any] = []
+    run = worker.database._run
+
+    async def answer_lost(plan: Any, **options: Any) -> Any:
+        result = await run(plan, **options)
+        if not lost and isinstance(result, Claimed) and result.messages:
+            lost.append(result.token)
+            raise DatabaseTimeout("the COMMIT's answer never came")
+        return result
+
+    worker.database._run = answer_lost  # type: ignore[method-assign]
+    return lost
+
+
+async def test_a_claim_whose_answer_was_lost_is_released_then_sent_once(db, async_engine):
+    (mid,) = enqueue(db, 1)
+    provider = MemoryProvider()
+    # A long lease: only the release can bring the message back before the test times out.
+    worker = make_worker(
+        db, async_engine, provider, lease=timedelta(seconds=60), db_backoff=(0.05, 0.1)
+    )
+    lost = lose_the_first_claims_answer(worker)
+    await run_worker_until(worker, all_in(db, Status.SENT, total=1))
+    assert lost and [e.message_id for e in provider.sent] == [mid]
+    assert get(db, mid).attempt_count == 1
+    assert worker.report.stats["released_unconfirmed"] == 1
+    assert worker.report.stats["swept"] == 0
+    history = [(e.from_status, e.to_status, e.detail) for e in events(db, mid)]
+    assert ("processing", "pending", store.UNCONFIRMED_CLAIM) in history
+
+
+async def test_a_worker_stopping_releases_what_an_unconfirmed_claim_holds(db, async_engine):
+    (mid,) = enqueue(db, 1)
+    provider = MemoryProvider()
+    worker = make_worker(db, async_engine, provider, lease=timedelta(seconds=60))
+    lost = lose_the_first_claims_answer(worker)
+    # The lost claim pauses the worker a second (its database backoff); it stops meanwhile.
+    await run_worker_until(worker, lambda: bool(lost))
+    row = get(db, mid)
+    assert (row.status, row.attempt_count, row.claim_token) == (Status.PENDING, 0, None)
+    assert provider.sent == [] and worker.report.stats["released_unconfirmed"] == 1
 
 
 async def test_a_stale_finalize_changes_nothing_and_is_logged(db, async_engine, capsys):

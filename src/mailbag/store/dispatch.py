@@ -52,6 +52,7 @@ from mailbag.store.types import UTCDateTime
 # MariaDB's generated stand-in for the partial claim index (see schema.py).
 MYSQL_CLAIMABLE_AT = literal_column("claimable_at", UTCDateTime())
 
+UNCONFIRMED_CLAIM = "claimed, but the worker never heard so: released unsent; no attempt spent"
 LEASE_EXPIRED = "lease expired before the send was finalized; the provider may have accepted it"
 
 
@@ -104,6 +105,7 @@ def claim(
     now: datetime,
     lease: timedelta,
     limit: int,
+    token: uuid.UUID | None = None,
 ) -> Plan[Claim]:
     """Take up to `limit` due messages under one fresh claim token, in claim order: due time
     less the priority's head start (content.HEAD_START), so higher priority goes first
@@ -113,7 +115,7 @@ def claim(
     start is -HEAD_START), which bounds the claim index's range; next_attempt_at <= now
     keeps the not-yet-due high-priority messages in that range out.
     """
-    token = uuid.uuid4()
+    token = token or uuid.uuid4()
     dialect = yield from current_dialect()
     order_at = MYSQL_CLAIMABLE_AT if dialect == "mysql" else om.c.claim_order_at
     claim_values: dict[str, Any] = {
@@ -146,6 +148,27 @@ def claim(
     )
     claimed = sorted((c.message for c in changed), key=lambda m: (m.claim_order_at, m.id))
     return Claim(token, (yield from attachments.attached(claimed)))
+
+
+def release_unconfirmed(
+    *, tokens: Sequence[uuid.UUID], now: datetime, actor: str
+) -> Plan[list[Changed[Settled]]]:
+    """Hand back, unsent and with no attempt spent, what claims under `tokens` still hold:
+    claims whose COMMIT went through while their worker heard an error, so the worker never
+    had those messages and nobody sent them. A row swept since is `unknown`, left alone."""
+    if not tokens:
+        return []
+    return (
+        yield from transition(
+            Action.RELEASE,
+            as_row=settled_from_row,
+            where=om.c.claim_token.in_(tokens),
+            values=dict(CLAIM_CLEARED),
+            now=now,
+            actor=actor,
+            event=EventSpec(offset=1, text=UNCONFIRMED_CLAIM),
+        )
+    )
 
 
 def extend_lease(

@@ -259,6 +259,11 @@ OPERATIONS: list[Operation] = [
         samples={"status": Status.PROCESSING.value, "previous_state": Status.PENDING.value},
     ),
     Operation(
+        dispatch.release_unconfirmed,
+        {"tokens": IDS[2:], "now": NOW, "actor": "worker-1"},
+        samples={"status": Status.PENDING.value, "previous_state": Status.PROCESSING.value},
+    ),
+    Operation(
         dispatch.extend_lease,
         {"token": IDS[2], "ids": IDS[:2], "now": NOW, "lease": timedelta(minutes=5)},
     ),

@@ -9,9 +9,12 @@ claims, decisions and results, never SQL, plans or connections.
 - A finalize writes every decision of a batch in one transaction, each claim's under its
   own token (the store moves the verifications that follow their email in it too).
 - A finalize given up on after its COMMIT left is retried by the writer: the retry finds
-  the rows finalized and reports them stale. Noisy, never wrong. A claim given up on the
-  same way leaves rows nobody sends: the sweep makes them `unknown`, as for a connection
-  lost during that COMMIT. Never a duplicate; the window is one round trip.
+  the rows finalized and reports them stale. Noisy, never wrong.
+- A claim that fails may still have committed (its COMMIT landed, the answer did not):
+  rows held under a token this worker never got messages for, so nobody sends them. The
+  token is kept, and the next claim (or the drain) first releases what it holds, unsent
+  and with no attempt spent. If the database stays away longer than a lease, the sweep
+  makes them `unknown` instead, as for any lease nobody renewed.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -47,6 +50,7 @@ class Claimed:
     token: uuid.UUID
     messages: list[Message]
     contents: Mapping[str, bytes]  # the claimed messages' attachment bytes, by SHA-256
+    released: int = 0  # messages of earlier, unconfirmed claims released first
 
 
 class WorkerDatabase:
@@ -63,13 +67,33 @@ class WorkerDatabase:
         self.db = AsyncDatabase(engine)
         self.worker_id, self.provider = worker_id, provider
         self.lease, self.timeout, self.clock = lease, timeout, clock
+        self.unconfirmed: list[uuid.UUID] = []  # tokens of claims that failed, maybe committed
 
     async def claim(self, limit: int) -> Claimed:
-        return await self._run(self._claim(limit, self.clock()))
+        """Due messages under a new token, after releasing what unconfirmed claims hold."""
+        released = await self.release_unconfirmed()
+        token = uuid.uuid4()
+        try:
+            claimed = await self._run(self._claim(token, limit, self.clock()))
+        except BaseException:
+            self.unconfirmed.append(token)
+            raise
+        return replace(claimed, released=released)
 
-    def _claim(self, limit: int, now: datetime) -> Plan[Claimed]:
+    async def release_unconfirmed(self) -> int:
+        """Release what the claims that failed still hold; how many messages that was."""
+        if not self.unconfirmed:
+            return 0
+        tokens = list(self.unconfirmed)
+        changed = await self._run(
+            dispatch.release_unconfirmed(tokens=tokens, now=self.clock(), actor=self.worker_id)
+        )
+        del self.unconfirmed[: len(tokens)]
+        return len(changed)
+
+    def _claim(self, token: uuid.UUID, limit: int, now: datetime) -> Plan[Claimed]:
         claim: Claim = yield from dispatch.claim(
-            worker_id=self.worker_id, now=now, lease=self.lease, limit=limit
+            worker_id=self.worker_id, now=now, lease=self.lease, limit=limit, token=token
         )
         sha256s = {ref.sha256 for message in claim.messages for ref in message.attachments}
         if not sha256s:  # the usual case: not one more statement

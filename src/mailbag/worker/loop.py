@@ -189,6 +189,8 @@ class Worker:
         except DB_ERRORS as exc:
             self._database_unavailable(exc)
             return False
+        if claim.released:
+            self._released_unconfirmed(claim.released)
         if not claim.messages:
             return False
         self.report.stats["claimed"] += len(claim.messages)
@@ -208,6 +210,10 @@ class Worker:
             self.paused_until = max(self.paused_until, slots.schedule_end - rate.HORIZON_SECONDS)
         self._dispatch(claim.token, claim.messages, claim.contents, slots)
         return len(claim.messages) == limit
+
+    def _released_unconfirmed(self, count: int) -> None:
+        self.report.stats["released_unconfirmed"] += count
+        self.log.warning("unconfirmed_claim_released", count=count)
 
     def _database_unavailable(self, exc: BaseException) -> None:
         delay = self.db_backoff.next()
@@ -331,3 +337,8 @@ class Worker:
             await self.fleet_rate.aclose()
         if not await self.writer.drain(max(self.config.shutdown_grace, 5.0)):
             self.log.error("shutdown_with_unwritten_outcomes", count=self.ledger.unwritten)
+        try:
+            if released := await self.database.release_unconfirmed():
+                self._released_unconfirmed(released)
+        except DB_ERRORS as exc:  # the sweep makes them `unknown` once their lease runs out
+            self.log.warning("unconfirmed_claim_not_released", error=describe(exc))
