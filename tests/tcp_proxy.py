@@ -4,6 +4,8 @@
 the kernel keeps accepting bytes: nothing is refused, reset or closed, nothing answers
 (so TCP keepalives and `tcp_user_timeout` cannot tell; only the application's own clock
 can). `heal()` forwards what was held back and carries on, as TCP does after a partition.
+`lose_commit_answer(after=marker)` partitions only the answers, at one chosen moment: the
+COMMIT that follows an answer carrying `marker` reaches the server, its answer does not.
 The proxy runs its own event loop in a thread, so the code under test cannot stall it.
 """
 
@@ -23,7 +25,10 @@ class TcpProxy:
         self.target = (host, port)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.flowing = asyncio.Event()
+        self.flowing = asyncio.Event()  # client -> server
+        self.answering = asyncio.Event()  # server -> client
+        self.trap: bytes | None = None  # see lose_commit_answer
+        self.sprung = threading.Event()
         self.connections: set[asyncio.StreamWriter] = set()
         self.server: asyncio.Server | None = None
         self.port = 0
@@ -52,6 +57,12 @@ class TcpProxy:
     def black_hole(self) -> None:
         self._call(self._set(False))
 
+    def lose_commit_answer(self, *, after: bytes) -> None:
+        """On the connection that next receives `after`, let the client's next COMMIT through
+        and then answer nobody (the answers are held until `heal`): a transaction committed
+        whose client never hears it. `sprung` is set at that moment."""
+        self.trap = after
+
     def heal(self) -> None:
         self._call(self._set(True))
 
@@ -64,13 +75,14 @@ class TcpProxy:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
 
     async def _set(self, flowing: bool) -> None:
-        if flowing:
-            self.flowing.set()
-        else:
-            self.flowing.clear()
+        for direction in (self.flowing, self.answering):
+            if flowing:
+                direction.set()
+            else:
+                direction.clear()
 
     async def _start(self) -> None:
-        self.flowing.set()
+        await self._set(True)
         self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
 
@@ -91,19 +103,36 @@ class TcpProxy:
             client_w.close()
             return
         self.connections |= {client_w, server_w}
+        marked: list[bool] = []  # this connection has received the trap's marker
         await asyncio.gather(
-            self._pipe(client_r, server_w), self._pipe(server_r, client_w), return_exceptions=True
+            self._pipe(client_r, server_w, self.flowing, requests_of=marked),
+            self._pipe(server_r, client_w, self.answering, answers_of=marked),
+            return_exceptions=True,
         )
         self.connections -= {client_w, server_w}
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        direction: asyncio.Event,
+        *,
+        requests_of: list[bool] | None = None,
+        answers_of: list[bool] | None = None,
+    ) -> None:
         try:
             while True:
-                await self.flowing.wait()
+                await direction.wait()
                 data = await reader.read(65536)
                 if not data:
                     break
-                await self.flowing.wait()  # read just before the partition: held back
+                await direction.wait()  # read just before the partition: held back
+                if answers_of is not None and self.trap is not None and self.trap in data:
+                    answers_of.append(True)
+                if requests_of and self.trap is not None and b"COMMIT" in data.upper():
+                    self.trap = None
+                    self.answering.clear()  # before the COMMIT leaves: its answer is held
+                    self.sprung.set()
                 writer.write(data)
                 await writer.drain()
         finally:

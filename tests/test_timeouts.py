@@ -155,6 +155,23 @@ async def test_an_outcome_written_during_a_partition_is_kept_and_written_after(d
 
 
 @servers
+async def test_a_claim_committed_while_its_answer_is_lost_is_released_and_sent_once(db):
+    provider = MemoryProvider()
+    with TcpProxy.to_database(db.url) as proxy:
+        async with worker_behind(proxy, db, provider) as (worker, _):
+            # The first claim to take the message commits; the worker never hears so.
+            proxy.lose_commit_answer(after=b"user0@example.com")
+            enqueue(db, 1)  # straight to the database, not through the proxy
+            await wait_for(proxy.sprung.is_set, "the claim's COMMIT")
+            await wait_for(lambda: worker.db_backoff.failures > 0, "the worker to give up")
+            assert status_counts(db) == {"processing": 1} and provider.sent == []
+            proxy.heal()
+            await wait_for(lambda: status_counts(db) == {"sent": 1}, "the release, then the send")
+            assert worker.report.stats["released_unconfirmed"] == 1
+    assert len(provider.sent) == 1
+
+
+@servers
 async def test_the_server_ends_a_statement_that_outlives_the_timeout(db):
     """The backstop for work a client gave up on: it must not run on, holding locks."""
     engine = runtime.worker_engine(settings_for(db, database_timeout_seconds=1))
