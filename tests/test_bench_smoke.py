@@ -19,5 +19,5 @@ def test_the_harness_runs_on_sqlite():
     assert enqueue.single("sqlite", 20)["per_second"] > 0
     assert enqueue.bulk("sqlite", 200, chunk=100)["per_second"] > 0
     assert enqueue.http("sqlite", 20)["per_second"] > 0  # one real `mailbag api` process
-    grown = scale.scale("sqlite", 1200)
+    grown = scale.scale("sqlite", 1200, api_requests=40)
     assert grown["rows"] == 1200 and grown["worker_peak_rss_mib"] > 0
