@@ -12,9 +12,9 @@ claims, decisions and results, never SQL, plans or connections.
   the rows finalized and reports them stale. Noisy, never wrong.
 - A claim that fails may still have committed (its COMMIT landed, the answer did not):
   rows held under a token this worker never got messages for, so nobody sends them. The
-  token is kept, and the next claim (or the drain) first releases what it holds, unsent
-  and with no attempt spent. If the database stays away longer than a lease, the sweep
-  makes them `unknown` instead, as for any lease nobody renewed.
+  token is kept, and the worker releases what it holds before its next claim and when it
+  stops, unsent and with no attempt spent. If the database stays away longer than a
+  lease, the sweep makes them `unknown` instead, as for any lease nobody renewed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -50,7 +50,6 @@ class Claimed:
     token: uuid.UUID
     messages: list[Message]
     contents: Mapping[str, bytes]  # the claimed messages' attachment bytes, by SHA-256
-    released: int = 0  # messages of earlier, unconfirmed claims released first
 
 
 class WorkerDatabase:
@@ -70,15 +69,13 @@ class WorkerDatabase:
         self.unconfirmed: list[uuid.UUID] = []  # tokens of claims that failed, maybe committed
 
     async def claim(self, limit: int) -> Claimed:
-        """Due messages under a new token, after releasing what unconfirmed claims hold."""
-        released = await self.release_unconfirmed()
+        """Due messages under a new token; a claim that fails is kept as unconfirmed."""
         token = uuid.uuid4()
         try:
-            claimed = await self._run(self._claim(token, limit, self.clock()))
+            return await self._run(self._claim(token, limit, self.clock()))
         except BaseException:
             self.unconfirmed.append(token)
             raise
-        return replace(claimed, released=released)
 
     async def release_unconfirmed(self) -> int:
         """Release what the claims that failed still hold; how many messages that was."""

@@ -181,6 +181,8 @@ class Worker:
             limit = min(self.config.batch_size, free)
             if self.fleet_rate is not None:
                 limit = min(limit, rate.claim_limit(self.fleet_rate.in_force))
+            if released := await self.database.release_unconfirmed():
+                self._released_unconfirmed(released)
             started = time.perf_counter()
             claim = await self.database.claim(limit)
             metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
@@ -189,8 +191,6 @@ class Worker:
         except DB_ERRORS as exc:
             self._database_unavailable(exc)
             return False
-        if claim.released:
-            self._released_unconfirmed(claim.released)
         if not claim.messages:
             return False
         self.report.stats["claimed"] += len(claim.messages)
