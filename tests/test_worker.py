@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import event
 
 from mailbag import providers
@@ -233,8 +234,11 @@ async def test_a_claim_whose_answer_was_lost_is_released_then_sent_once(db, asyn
         db, async_engine, provider, lease=timedelta(seconds=60), db_backoff=(0.05, 0.1)
     )
     lost = lose_the_first_claims_answer(worker)
+    released_before = REGISTRY.get_sample_value("mailbag_unconfirmed_claims_released_total")
     await run_worker_until(worker, all_in(db, Status.SENT, total=1))
     assert lost and [e.message_id for e in provider.sent] == [mid]
+    released = REGISTRY.get_sample_value("mailbag_unconfirmed_claims_released_total")
+    assert released == (released_before or 0) + 1
     assert get(db, mid).attempt_count == 1
     assert worker.report.stats["released_unconfirmed"] == 1
     assert worker.report.stats["swept"] == 0

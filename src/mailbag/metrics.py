@@ -61,6 +61,10 @@ STALE_FINALIZES = Counter(
     "mailbag_stale_finalizes_total",
     "Finalizes refused because the claim was no longer the worker's.",
 )
+UNCONFIRMED_CLAIMS_RELEASED = Counter(
+    "mailbag_unconfirmed_claims_released_total",
+    "Messages released unsent: their claim committed while the worker heard an error.",
+)
 IDEMPOTENT_REPLAYS = Counter(
     "mailbag_idempotent_replays_total",
     "Requests answered from a stored idempotency record.",

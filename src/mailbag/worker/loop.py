@@ -213,6 +213,7 @@ class Worker:
 
     def _released_unconfirmed(self, count: int) -> None:
         self.report.stats["released_unconfirmed"] += count
+        metrics.UNCONFIRMED_CLAIMS_RELEASED.inc(count)
         self.log.warning("unconfirmed_claim_released", count=count)
 
     def _database_unavailable(self, exc: BaseException) -> None:
