@@ -201,7 +201,7 @@ async def test_a_batch_that_finds_the_provider_disabled_pauses_once_not_once_per
 async def test_a_slow_live_send_keeps_its_lease(db, async_engine):
     (mid,) = enqueue(db, 1)
     # The send outlasts the lease; the keeper renews every half second, leaving a second of
-    # slack for a loaded machine (with a 0.6 s lease, a 0.4 s stall let the sweep take it).
+    # slack for a loaded machine (with a 0.6 s lease, a 0.4 s stall would let the sweep take it).
     provider = MemoryProvider(delay=2.0)
     worker = make_worker(db, async_engine, provider, lease=timedelta(seconds=1.5))
     await run_worker_until(worker, all_in(db, Status.SENT, total=1))
