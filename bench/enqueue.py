@@ -15,7 +15,8 @@ import httpx
 
 from bench.common import BENCH_SECRET_KEY, ROOT, free_port, scratch_database, wait_for_http
 from mailbag.domain.message import new_message
-from mailbag.services.outbox import enqueue, enqueue_many
+from mailbag.services.intake import enqueue
+from mailbag.services.outbox import write_many
 from mailbag.services.tenants import create_tenant
 
 
@@ -36,7 +37,7 @@ def single(kind: str, n: int) -> dict[str, Any]:
 
 
 def bulk(kind: str, n: int, chunk: int = 1000) -> dict[str, Any]:
-    """enqueue_many, `chunk` messages per call and transaction."""
+    """write_many, `chunk` messages per call and transaction."""
     with tempfile.TemporaryDirectory() as tmp, scratch_database(kind, Path(tmp)) as db:
         batches = [
             [
@@ -48,7 +49,7 @@ def bulk(kind: str, n: int, chunk: int = 1000) -> dict[str, Any]:
         started = time.perf_counter()
         for batch in batches:
             with db.engine.begin() as conn:
-                enqueue_many(conn, batch)
+                write_many(conn, batch)
         seconds = time.perf_counter() - started
     return {
         "database": kind,

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from mailbag.services.outbox import enqueue
+from mailbag.services.intake import enqueue
 from mailbag.store.database import make_engine
 
 THREADS = 16  # a commit waits for its fsync; requests in parallel share the flushes

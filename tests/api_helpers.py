@@ -13,17 +13,19 @@ from mailbag.clock import Clock, utcnow
 from mailbag.services.tenants import create_tenant
 from mailbag.settings import Settings
 
+from conftest import TestDB
+
 # Server databases have no key file beside them: every replica is given the same key.
 TEST_SECRET_KEY = "test-secret-key-not-for-production-0123456789"
 
 
-def settings_for(db: Any, **overrides: Any) -> Settings:
+def settings_for(db: TestDB, **overrides: Any) -> Settings:
     return Settings.model_validate(
         {"database_url": db.url, "log_level": "WARNING", "secret_key": TEST_SECRET_KEY, **overrides}
     )
 
 
-def new_tenant(db: Any, name: str = "acme") -> tuple[str, str]:
+def new_tenant(db: TestDB, name: str = "acme") -> tuple[str, str]:
     """(tenant id, API key)"""
     tenant, key = create_tenant(db.engine, name)
     return tenant.id, key
@@ -31,7 +33,7 @@ def new_tenant(db: Any, name: str = "acme") -> tuple[str, str]:
 
 @asynccontextmanager
 async def api_client(
-    db: Any, key: str | None = None, *, clock: Clock = utcnow, **overrides: Any
+    db: TestDB, key: str | None = None, *, clock: Clock = utcnow, **overrides: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings_for(db, **overrides), clock=clock)
     headers = {"Authorization": f"Bearer {key}"} if key else {}

@@ -50,6 +50,8 @@ from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
+from http_server import PeerHTTPServer
+
 SEND_PATH = "/v3/smtp/email"
 LIST_PATH = "/v3/smtp/emails"
 DEFAULT_API_KEY = "xkeysib-test-0000000000000000-brevo-server"
@@ -175,7 +177,7 @@ class BrevoServer:
         self,
         api_key: str = DEFAULT_API_KEY,
         *,
-        idempotency_window: timedelta = timedelta(minutes=30),
+        idempotency_window: timedelta = timedelta(minutes=15),
         duplicate_key: Literal["reject", "replay"] = "reject",
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -197,8 +199,7 @@ class BrevoServer:
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> BrevoServer:
-        http = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        http.daemon_threads = True  # a held answer must never keep the test run alive
+        http = PeerHTTPServer(("127.0.0.1", 0), _Handler)
         http.brevo = self  # type: ignore[attr-defined]
         self._http = http
         # A short poll interval: `stop` waits up to one interval for the loop to notice.

@@ -8,6 +8,7 @@ then a missing URL is an error, so CI can never pass by skipping.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -53,6 +54,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @dataclass
 class TestDB:
+    __test__ = False  # imported into test modules for type hints: not a test class
+
     url: str
     dialect: Dialect
     engine: Engine
@@ -62,6 +65,17 @@ class TestDB:
 
     def new_engine(self, **options: object) -> Engine:
         return make_engine(self.url, **options)  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def fanning_out(self, fan_out: hooks.FanOut) -> Iterator[None]:
+        """`engine` fans events out to hook endpoints as `fan_out` says (the execution
+        option a process's engine carries, store/hooks.py), until the block ends."""
+        plain = self.engine
+        self.engine = plain.execution_options(**fan_out.options())  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            self.engine = plain
 
     def clear(self) -> None:
         with self.engine.begin() as conn:
@@ -98,15 +112,6 @@ def _server_database(dialect: str) -> Iterator[str]:
             if dialect == "mysql":
                 conn.commit()
         admin.dispose()
-
-
-@pytest.fixture(autouse=True)
-def default_hook_fan_out() -> Iterator[None]:
-    """The hook fan-out switch is per process (runtime.configure_hooks, called by every app
-    and worker a test builds): each test starts from the default, whatever ran before it."""
-    hooks.configure(enabled=True)
-    yield
-    hooks.configure(enabled=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -22,6 +22,8 @@ from mailbag.store.database import READ_ONLY
 from mailbag.store.plan import Plan, dialect_of_connection, run
 from mailbag.store.schema import message_events, outbox_messages
 
+from conftest import TestDB
+
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=120)
 
@@ -33,7 +35,7 @@ def message(i: int = 0, **fields: Any) -> NewMessage:
     return new_message(**fields)
 
 
-def enqueue(db: Any, n: int = 1, now: datetime = T0, **fields: Any) -> list[Any]:
+def enqueue(db: TestDB, n: int = 1, now: datetime = T0, **fields: Any) -> list[Any]:
     with db.engine.begin() as conn:
         results = run(
             conn,
@@ -47,14 +49,14 @@ def enqueue(db: Any, n: int = 1, now: datetime = T0, **fields: Any) -> list[Any]
 
 
 def claim(
-    db: Any, now: datetime = T0, limit: int = 100, worker: str = "w1", lease: timedelta = LEASE
+    db: TestDB, now: datetime = T0, limit: int = 100, worker: str = "w1", lease: timedelta = LEASE
 ) -> dispatch.Claim:
     with db.engine.begin() as conn:
         return run(conn, dispatch.claim(worker_id=worker, now=now, lease=lease, limit=limit))
 
 
 def race_claims(
-    db: Any,
+    db: TestDB,
     claimers: int,
     limit: int,
     *,
@@ -104,7 +106,7 @@ def race_claims(
 
 
 def finalize(
-    db: Any,
+    db: TestDB,
     token: Any,
     *outcomes: tuple[uuid.UUID, Decision],
     now: datetime = T0,
@@ -123,22 +125,22 @@ def finalize(
         )
 
 
-def sweep(db: Any, now: datetime) -> list[message_transitions.Changed]:
+def sweep(db: TestDB, now: datetime) -> list[message_transitions.Changed]:
     with db.engine.begin() as conn:
         return run(conn, dispatch.sweep_expired(now=now, actor="sweeper"))
 
 
-def get(db: Any, message_id: Any) -> Any:
+def get(db: TestDB, message_id: Any) -> Any:
     with db.engine.connect().execution_options(**READ_ONLY) as conn:
         return run(conn, message_store.get(message_id))
 
 
-def events(db: Any, message_id: Any) -> list[Any]:
+def events(db: TestDB, message_id: Any) -> list[Any]:
     with db.engine.connect() as conn:
         return run(conn, message_store.events(message_id))
 
 
-def status_counts(db: Any) -> dict[str, int]:
+def status_counts(db: TestDB) -> dict[str, int]:
     """Messages by state. Read-only: on SQLite it must not queue behind a running worker."""
     with db.engine.connect().execution_options(**READ_ONLY) as conn:
         return run(conn, message_store.count_by_status())
@@ -166,7 +168,7 @@ async def run_worker_until(
         await task
 
 
-def count_rows(db: Any) -> tuple[int, int]:
+def count_rows(db: TestDB) -> tuple[int, int]:
     with db.engine.connect() as conn:
         messages = conn.execute(select(func.count()).select_from(outbox_messages)).scalar_one()
         logged = conn.execute(select(func.count()).select_from(message_events)).scalar_one()

@@ -14,6 +14,7 @@ from typing import Any
 from mailbag.compose import OutgoingEmail
 from mailbag.domain.delivery import Accepted, SendOutcome
 from mailbag.providers import register
+from mailbag.providers.base import Capabilities
 
 Script = Callable[[OutgoingEmail, int], SendOutcome]  # (email, nth call for this message)
 
@@ -24,6 +25,8 @@ def accept_all(email: OutgoingEmail, nth: int) -> SendOutcome:
 
 class MemoryProvider:
     name = "memory"
+    # Declared as nothing: a plug-in's defaults (no UTF-8 local parts, no limits of its own).
+    capabilities = Capabilities()
 
     def __init__(
         self,
@@ -32,7 +35,9 @@ class MemoryProvider:
         delay: float = 0.0,
         max_batch_size: int = 1,
         idempotency_window: timedelta | None = None,
+        name: str = "memory",
     ) -> None:
+        self.name = name  # several in one fleet need names of their own
         self.script = script
         self.delay = delay
         self.max_batch_size = max_batch_size

@@ -128,6 +128,11 @@ class RecordingSMTPServer:
         self.idle_timeout = idle_timeout
         self.hang_seconds = hang_seconds
         self.reply_delay = 0.0  # seconds to wait before answering the message content
+        # While cleared, every message's content waits unanswered (`hold_replies`), so a test
+        # can be sure sends are in flight at a moment of its choosing.
+        self._replies_open = threading.Event()
+        self._replies_open.set()
+        self.held = 0  # messages waiting for their answer right now
         self.host = "127.0.0.1"
         self.port = _free_port(self.host)
 
@@ -152,6 +157,13 @@ class RecordingSMTPServer:
             self._ca_dir = tempfile.TemporaryDirectory(prefix="mailbag-smtp-ca-")
             self.ca_file = Path(self._ca_dir.name) / "ca.pem"
             self._ca.cert_pem.write_to_path(str(self.ca_file))
+
+    def hold_replies(self) -> None:
+        """From now on, answer no message's content until `release_replies`."""
+        self._replies_open.clear()
+
+    def release_replies(self) -> None:
+        self._replies_open.set()
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -458,6 +470,13 @@ class _Handler:
     async def handle_DATA(self, server: _Session, session: Session, envelope: Envelope) -> str:
         if self.recorder.reply_delay:
             await asyncio.sleep(self.recorder.reply_delay)  # a slow relay
+        if not self.recorder._replies_open.is_set():
+            with self.recorder._lock:
+                self.recorder.held += 1
+            while not self.recorder._replies_open.is_set():
+                await asyncio.sleep(0.01)
+            with self.recorder._lock:
+                self.recorder.held -= 1
         fault = self.recorder._take_fault("end_of_data", envelope.rcpt_tos)
         queue_id = uuid.uuid4().hex[:12].upper()
         if fault is not None:

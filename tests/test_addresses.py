@@ -29,6 +29,7 @@ from mailbag.settings import Settings
 
 from brevo_server import BrevoServer, Endpoint
 from brevo_server import _validate_send as validate_brevo_send
+from conftest import TestDB
 from helpers import claim, count_rows, finalize, get, message, outgoing_email
 
 BODY = {"to": "ada@example.com", "template": "welcome", "data": {"name": "Ada"}}
@@ -39,7 +40,7 @@ BREAKERS = ["\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\x0
 # --- the API ---------------------------------------------------------------------------------
 
 
-async def post(db: Any, body: dict[str, Any], **settings: Any) -> Any:
+async def post(db: TestDB, body: dict[str, Any], **settings: Any) -> Any:
     _, key = new_tenant(db, f"tenant-{uuid.uuid4().hex[:8]}")
     async with api_client(db, key, **settings) as api:
         return await api.post("/v1/messages", json=body)
@@ -260,9 +261,9 @@ async def test_brevo_and_ses_reject_a_utf8_local_part_without_sending() -> None:
 # --- reconciliation ----------------------------------------------------------------------------
 
 
-def unknown_message(db: Any, to: str) -> Any:
+def unknown_message(db: TestDB, to: str) -> Any:
     with db.engine.begin() as conn:
-        (result,) = outbox_service.enqueue_many(conn, [message(0, to=to)])
+        (result,) = outbox_service.write_many(conn, [message(0, to=to)])
     batch = claim(db, now=datetime.now(UTC))
     finalize(
         db,
@@ -294,7 +295,9 @@ async def test_reconciliation_never_settles_from_someone_elses_record(db, async_
             200, {"count": 1, "transactionalEmails": [other]}, endpoint=Endpoint.LOOKUP, times=10
         )
         provider = BrevoProvider(api_key=brevo.api_key, base_url=brevo.url)
-        reconciler = Reconciler(async_engine, provider=provider, flag_after=timedelta(0))
+        reconciler = Reconciler(
+            async_engine, providers={provider.name: provider}, flag_after=timedelta(0)
+        )
         outcomes = await reconciler.run_once(datetime.now(UTC))
         await provider.aclose()
     assert outcomes == {"flagged": 1}
@@ -311,7 +314,9 @@ async def test_reconciliation_settles_from_the_messages_own_record(db, async_eng
             200, {"count": 2, "transactionalEmails": [other, mine]}, endpoint=Endpoint.LOOKUP
         )
         provider = BrevoProvider(api_key=brevo.api_key, base_url=brevo.url)
-        outcomes = await Reconciler(async_engine, provider=provider).run_once(datetime.now(UTC))
+        outcomes = await Reconciler(async_engine, providers={provider.name: provider}).run_once(
+            datetime.now(UTC)
+        )
         await provider.aclose()
     assert outcomes == {"resolved_sent": 1}
     assert get(db, ours.id).provider_message_id == "<mine@smtp-relay.mailin.fr>"

@@ -22,6 +22,8 @@ from mailbag.store.schema import (
     tenant_senders,
 )
 
+from conftest import TestDB
+
 MARK = "marker-5f2c9e"  # in every bad request's data: it must not reach a log line
 KEY = "idem-key-7b1d40"
 BODY = {"to": "ada@example.com", "template": "welcome", "data": {"name": "Ada", "m": MARK}}
@@ -39,7 +41,7 @@ def nested(depth: int, leaf: Any = MARK) -> Any:
     return value
 
 
-def counts(db: Any) -> dict[str, int]:
+def counts(db: TestDB) -> dict[str, int]:
     with db.engine.connect() as conn:
         return {
             table.name: conn.execute(select(func.count()).select_from(table)).scalar_one()
@@ -92,7 +94,7 @@ MESSAGE_CASES = {
 
 
 async def refused_unwritten_unlogged(
-    db: Any, logs: Any, path: str, body: dict[str, Any], error: str
+    db: TestDB, logs: Any, path: str, body: dict[str, Any], error: str
 ) -> None:
     _, key = new_tenant(db)
     async with api_client(db, key) as api:

@@ -14,6 +14,8 @@ from api_helpers import api_client, new_tenant
 from mailbag.services.tenants import add_sender
 from mailbag.store.schema import attachments, message_attachments, outbox_messages
 
+from conftest import TestDB
+
 ADMIN_TOKEN = "admin-token-0123456789-abcdef"
 PDF = b"%PDF-1.4\n" + bytes(range(256)) * 40 + b"\n%%EOF\n"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x01" * 300
@@ -44,7 +46,7 @@ def full_body() -> dict[str, Any]:
     }
 
 
-def counts(db: Any) -> tuple[int, int, int]:
+def counts(db: TestDB) -> tuple[int, int, int]:
     with db.engine.connect() as conn:
         return tuple(  # type: ignore[return-value]
             conn.execute(select(func.count()).select_from(table)).scalar_one()
@@ -52,7 +54,7 @@ def counts(db: Any) -> tuple[int, int, int]:
         )
 
 
-def acme(db: Any) -> tuple[str, str]:
+def acme(db: TestDB) -> tuple[str, str]:
     """A tenant that owns billing@acme.example."""
     tenant_id, key = new_tenant(db)
     add_sender(db.engine, tenant_id, "billing@acme.example", "Acme Billing")

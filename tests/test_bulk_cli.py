@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 
 from mailbag.cli import app
 from mailbag.services import outbox
-from mailbag.services.tenants import add_sender
+from mailbag.services.tenants import add_sender, create_tenant
 from mailbag.store.schema import outbox_messages as om
 
+from conftest import TestDB
 from helpers import count_rows
 
 runner = CliRunner()
@@ -36,7 +37,7 @@ def csv_file(tmp_path: Path, text: str, name: str = "people.csv") -> str:
     return str(path)
 
 
-def messages(db: Any) -> list[Any]:
+def messages(db: TestDB) -> list[Any]:
     with db.engine.connect() as conn:
         return list(conn.execute(select(om).order_by(om.c.to_address)).all())
 
@@ -133,7 +134,7 @@ def test_running_the_same_file_again_writes_nothing_twice(cli, db, tmp_path):
 
 def test_a_run_that_stops_half_way_is_finished_by_running_it_again(cli, db, tmp_path, monkeypatch):
     path = csv_file(tmp_path, "to,name\n" + "".join(f"u{i}@example.com,U{i}\n" for i in range(5)))
-    real = outbox.enqueue_many
+    real = outbox.write_many
     calls = 0
 
     def crashing(*args: Any, **kwargs: Any) -> Any:
@@ -143,14 +144,14 @@ def test_a_run_that_stops_half_way_is_finished_by_running_it_again(cli, db, tmp_
             raise KeyboardInterrupt  # Ctrl-C while the second chunk is written
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(outbox, "enqueue_many", crashing)
+    monkeypatch.setattr(outbox, "write_many", crashing)
     stopped = cli(path, "--template", "welcome", "--chunk-size", "2")
     assert stopped.exit_code == 1
     assert "interrupted after 2 of 5 rows were written; run the same command again" in (
         stopped.stderr
     )
     assert count_rows(db)[0] == 2
-    monkeypatch.setattr(outbox, "enqueue_many", real)
+    monkeypatch.setattr(outbox, "write_many", real)
     finished = cli(path, "--template", "welcome", "--chunk-size", "2")
     assert finished.exit_code == 0, finished.output
     assert "3 created, 2 already there" in finished.stdout
@@ -243,10 +244,11 @@ def test_a_byte_order_mark_and_other_tenants_and_dry_runs(cli, db, tmp_path):
     dry = cli(str(path), "--template", "welcome", "--dry-run")
     assert dry.exit_code == 0 and "1 good, 0 bad; nothing written (--dry-run)" in dry.stdout
     assert count_rows(db) == (0, 0)
+    acme, _ = create_tenant(db.engine, "acme")
     done = cli(str(path), "--template", "welcome", "--tenant", "acme", "--priority", "low")
     assert done.exit_code == 0, done.output
     (row,) = messages(db)
-    assert (row.tenant_id, row.priority, row.to_address) == ("acme", -1, "ada@example.com")
+    assert (row.tenant_id, row.priority, row.to_address) == (acme.id, -1, "ada@example.com")
 
 
 def test_a_progress_bar_on_a_terminal_and_none_otherwise(cli, db, tmp_path, monkeypatch):

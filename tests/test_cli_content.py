@@ -18,6 +18,8 @@ from mailbag.store import messages as message_store
 from mailbag.store.schema import attachments, message_attachments, outbox_messages
 from mailbag.store.session import Database
 
+from conftest import TestDB
+
 runner = CliRunner()
 PDF = b"%PDF-1.4\n" + bytes(range(256)) * 8 + b"\n%%EOF\n"
 
@@ -42,7 +44,7 @@ def files(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def counts(db: Any) -> tuple[int, int, int]:
+def counts(db: TestDB) -> tuple[int, int, int]:
     with db.engine.connect() as conn:
         return tuple(  # type: ignore[return-value]
             conn.execute(select(func.count()).select_from(table)).scalar_one()
@@ -50,7 +52,7 @@ def counts(db: Any) -> tuple[int, int, int]:
         )
 
 
-def stored(db: Any, message_id: str) -> Any:
+def stored(db: TestDB, message_id: str) -> Any:
     with Database(db.engine).connect() as session:
         return session.run(message_store.get(uuid.UUID(message_id)))
 
@@ -114,12 +116,12 @@ def test_an_explicit_content_type_wins_over_the_guess(cli, db, files):
 
 BAD = {
     "a missing file": (["--attach", "{dir}/nope.pdf"], "nope.pdf: No such file"),
-    "a missing html file": (["--html", "{dir}/nope.html"], "nope.html: No such file"),
+    "a missing html file": (["--html", "@{dir}/nope.html"], "nope.html: No such file"),
     "a file over the limit": (["--attach", "{dir}/invoice.pdf"], "the limit for one attachment"),
     "an unknown from": (["--from", "ceo@acme.example"], "not a sender identity of tenant"),
     "a cid: with no attachment": (["--html", "{dir}/body.html"], "no attachment has"),
     "a bad attach option": (["--attach", "{dir}/invoice.pdf;kind=x"], "FILE;type=MIME/TYPE"),
-    "a bad expiry": (["--expires-in", "soon"], "not an age like"),
+    "a bad expiry": (["--expires-in", "soon"], "not a length of time like"),
     "a bad priority": (["--priority", "urgent"], "high, normal or low"),
     "51 recipients": (
         [arg for i in range(50) for arg in ("--cc", f"c{i}@example.com")],

@@ -6,23 +6,26 @@ schema is missing or stale (side by side, they would race to migrate it).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import inspect
 from typer.testing import CliRunner
 
+from api_helpers import api_client, new_tenant
 from mailbag.cli import app
 from mailbag.store import migrate
 from mailbag.store.database import make_engine
 
 from conftest import _server_database
-from helpers import count_rows
+from helpers import count_rows, events, get
 
 runner = CliRunner()
 
@@ -55,6 +58,8 @@ def test_migrate_then_enqueue_prints_the_same_id_for_the_same_key(cli, db):
     assert first.exit_code == 0 and again.exit_code == 0, first.output + again.output
     message_id = uuid.UUID(first.stdout.strip())
     assert again.stdout.strip() == str(message_id)
+    # The history says the CLI enqueued it (the keyed path runs the API's service).
+    assert [e.actor for e in events(db, message_id)][:1] == ["cli"]
     assert count_rows(db) == (1, 1)
 
 
@@ -198,3 +203,69 @@ def test_long_running_commands_refuse_to_start_without_a_secret_key(tmp_path, mo
         assert result.exit_code == 1, (command, result.output)
         assert "MAILBAG_SECRET_KEY is not set" in result.stderr, (command, result.stderr)
     assert list(Path(tmp_path).iterdir()) == []
+
+
+ENQUEUE_A = ["enqueue", "--to", "a@example.com", "--template", "welcome", "--data", '{"name":"A"}']
+
+
+def test_a_key_reused_for_another_message_exits_2_as_the_api_answers_409(cli, db):
+    # It exited 0 ("already enqueued: sent") where POST /v1/messages answers 409.
+    acme, api_key = new_tenant(db, "acme")
+    first = cli(*ENQUEUE_A, "--tenant", "acme", "--key", "k1")
+    assert first.exit_code == 0, first.output
+    again = cli(*ENQUEUE_A, "--tenant", "acme", "--key", "k1")
+    assert again.exit_code == 0 and again.stdout == first.stdout
+    assert "already enqueued this message" in again.stderr
+    other = cli(*ENQUEUE_A[:-1], '{"name":"B"}', "--tenant", "acme", "--key", "k1")
+    assert other.exit_code == 2, other.output
+    words = "this Idempotency-Key was already used for a different request (POST /v1/messages)"
+    assert words in other.stderr and "nothing was written" in other.stderr
+    assert other.stdout == "" and count_rows(db) == (1, 1)
+    # One rule, one record: the API replays the CLI's message and refuses the other body.
+    body = {"to": "a@example.com", "template": "welcome", "data": {"name": "A"}}
+
+    async def post_twice() -> tuple[Any, Any]:
+        async with api_client(db, api_key) as api:
+            key = {"Idempotency-Key": "k1"}
+            same = await api.post("/v1/messages", json=body, headers=key)
+            changed = {**body, "data": {"name": "B"}}
+            return same, await api.post("/v1/messages", json=changed, headers=key)
+
+    replayed, refused = asyncio.run(post_twice())
+    assert replayed.json()["id"] == first.stdout.strip(), replayed.text
+    assert refused.status_code == 409 and words in refused.json()["detail"]
+    assert count_rows(db) == (1, 1) and get(db, uuid.UUID(first.stdout.strip())).tenant_id == acme
+
+
+def test_text_and_html_take_the_content_itself_or_at_file(cli, db, tmp_path):
+    page = tmp_path / "page.html"
+    page.write_text("<p>From a file, é</p>")
+    base = ["enqueue", "--to", "a@example.com", "--subject", "s"]
+    cases = [
+        (["--text", "hi"], None, "hi"),  # once: "No such file or directory"
+        (["--html", "<p>Hi</p>", "--text", "Hi"], "<p>Hi</p>", "Hi"),
+        (["--html", f"@{page}", "--text", "@@home"], "<p>From a file, é</p>", "@home"),
+    ]
+    for args, html, text in cases:
+        result = cli(*base, *args)
+        assert result.exit_code == 0 and result.stderr == "", result.output
+        stored = get(db, uuid.UUID(result.stdout.strip()))
+        assert (stored.html, stored.text) == (html, text), args
+    piped = runner.invoke(app, [*base, "--text", "@-"], input="from stdin\n")
+    assert piped.exit_code == 0, piped.output
+    assert get(db, uuid.UUID(piped.stdout.strip())).text == "from stdin\n"
+
+
+def test_a_bare_path_to_a_file_is_still_read_with_a_warning_and_a_missing_file_is_refused(
+    cli, db, tmp_path
+):
+    body = tmp_path / "body.txt"
+    body.write_text("Read from the file.")
+    base = ["enqueue", "--to", "a@example.com", "--subject", "s"]
+    old = cli(*base, "--text", str(body))
+    assert old.exit_code == 0, old.output
+    assert f"write --text @{body}" in old.stderr
+    assert get(db, uuid.UUID(old.stdout.strip())).text == "Read from the file."
+    missing = cli(*base, "--text", f"@{tmp_path / 'nope.txt'}")
+    assert missing.exit_code == 2 and "nope.txt: No such file or directory" in missing.stderr
+    assert count_rows(db) == (1, 1)

@@ -31,6 +31,7 @@ from mailbag.client import (
     AuthenticationFailed,
     BadRequest,
     Client,
+    FieldError,
     IdempotencyKeyReused,
     NotCancellable,
     NotFound,
@@ -38,12 +39,14 @@ from mailbag.client import (
     RateLimited,
     RetryPolicy,
     ValidationError,
+    draft,
 )
 from mailbag.store.schema import idempotency_records, outbox_messages
 from servers import free_port, mailbag_env, start_mailbag, stop, wait_until_up
 from tcp_proxy import TcpProxy
 from verification_helpers import deliver, token_in
 
+from conftest import TestDB
 from helpers import tiny_pdf
 
 ADA = {"name": "Ada"}
@@ -54,7 +57,7 @@ pytestmark = pytest.mark.parametrize("db", ["sqlite", "postgresql"], indirect=Tr
 class Api:
     """A `mailbag api` process on a port of its own, and a tenant's key for it."""
 
-    db: Any
+    db: TestDB
     settings: dict[str, str]
     key: str = ""
     database_url: str | None = None  # else the test database's own
@@ -75,7 +78,7 @@ class Api:
 
 
 @contextlib.contextmanager
-def serving(db: Any, **settings: str) -> Iterator[Api]:
+def serving(db: TestDB, **settings: str) -> Iterator[Api]:
     api = Api(db, settings)
     _, api.key = new_tenant(db)
     api.start()
@@ -85,13 +88,17 @@ def serving(db: Any, **settings: str) -> Iterator[Api]:
         stop(api.process)
 
 
-def count(db: Any, table: Any = outbox_messages) -> int:
+def count(db: TestDB, table: Any = outbox_messages) -> int:
     with db.engine.connect() as conn:
         return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
 
 
 def keys_seen(requests: list[httpx.Request]) -> set[str | None]:
     return {r.headers.get("Idempotency-Key") for r in requests}
+
+
+def fields(error: Any) -> list[str]:
+    return [e.field for e in error.errors]
 
 
 def test_messages_are_sent_read_listed_page_by_page_and_cancelled(db):
@@ -181,11 +188,9 @@ def test_errors_come_back_as_their_own_exceptions_after_a_single_attempt(db):
             )
     assert unauthorized.value.status == 401 and unauthorized.value.request_id
     assert missing.value.status == 404 and missing.value.slug == "not-found"
-    assert "to" in invalid.value.errors and "template" in unknown_template.value.errors
-    assert (
-        not_an_id.value.slug == "validation-error"
-        and not_an_id.value.errors[0]["loc"][-1] == "message_id"
-    )
+    assert "to" in fields(invalid.value) and "template" in fields(unknown_template.value)
+    assert not_an_id.value.slug == "validation-error"
+    assert fields(not_an_id.value) == ["message_id"]
     assert too_large.value.slug == "message-too-large"
     assert bad_cursor.value.slug == "invalid-cursor"
     assert same.id == first.id and same.replayed and not first.replayed
@@ -193,6 +198,64 @@ def test_errors_come_back_as_their_own_exceptions_after_a_single_attempt(db):
     # One request per call: none of these answers is worth a retry.
     assert len(requests) == 10
     assert count(db) == 1
+
+
+def test_iter_yields_at_most_limit_messages_a_page_size_per_request(db):
+    requests: list[httpx.Request] = []
+    http = httpx.Client(event_hooks={"request": [requests.append]})
+    with serving(db) as api, Client(api.url, api.key, http_client=http) as client:
+        sent = [
+            client.messages.send(f"u{i}@example.com", subject="Hi", text="hi") for i in range(5)
+        ]
+        newest = [m.id for m in reversed(sent)]
+        requests.clear()
+        three = [m.id for m in client.messages.iter(limit=3, page_size=2)]
+        limits = [r.url.params["limit"] for r in requests]
+        requests.clear()
+        none = list(client.messages.iter(limit=0))
+        nothing_asked = len(requests)
+        everything = [m.id for m in client.messages.iter(page_size=2)]
+        more_than_there_are = [m.id for m in client.messages.iter(limit=50)]
+        with pytest.raises(ValueError, match="page_size must be 1 to 100"):
+            next(client.messages.iter(page_size=500))
+        with pytest.raises(ValueError, match="limit must be 0 or more"):
+            next(client.messages.iter(limit=-1))
+    http.close()
+    assert three == newest[:3]
+    assert limits == ["2", "1"]  # the second page asks for only the one still wanted
+    assert none == [] and nothing_asked == 0
+    assert everything == more_than_there_are == newest
+
+
+def test_errors_name_their_fields_in_one_shape_whatever_the_kind(db):
+    """Domain errors (an invalid address, a message too large; the API sends them as an
+    object) and schema errors (a limit out of range, a malformed id; a list) both give
+    `errors` as FieldErrors, and the problem body keeps the wire form."""
+    big = [Attachment("a.pdf", b"x" * 5000)]
+    with serving(db, max_attachment_bytes="1024") as api, Client(api.url, api.key) as client:
+        with pytest.raises(ValidationError) as domain:
+            client.messages.send("not an address", subject="Hi", text="hi")
+        with pytest.raises(PayloadTooLarge) as too_large:
+            client.messages.send("ada@example.com", subject="s", text="t", attachments=big)
+        with pytest.raises(ValidationError) as query:
+            client.messages.list(limit=500)
+        with pytest.raises(ValidationError) as path:
+            client.messages.get("not-a-uuid")
+        batch = client.messages.send_batch([draft("not an address", subject="Hi", text="hi")])
+    for raised in (domain.value, too_large.value, query.value, path.value):
+        assert raised.errors and all(isinstance(e, FieldError) for e in raised.errors)
+        assert all(e.field and e.message for e in raised.errors)
+    assert fields(domain.value) == ["to"]
+    assert "not a valid email address" in domain.value.errors[0].message
+    assert (
+        fields(too_large.value) == ["attachments"] and "1024" in too_large.value.errors[0].message
+    )
+    assert fields(query.value) == ["limit"] and "100" in query.value.errors[0].message
+    assert fields(path.value) == ["message_id"]
+    assert isinstance(domain.value.problem["errors"], dict)  # as the server sent them
+    assert isinstance(query.value.problem["errors"], list)
+    (item,) = batch.results
+    assert item.error is not None and fields(item.error) == ["to"]
 
 
 async def test_the_async_client_sends_reads_lists_and_cancels(db):
@@ -207,17 +270,19 @@ async def test_the_async_client_sends_reads_lists_and_cancels(db):
         )
         got = await client.messages.get(sent[0].id)
         listed = [m.id async for m in client.messages.iter(page_size=2)]
+        two = [m.id async for m in client.messages.iter(limit=2, page_size=1)]
         cancelled = await client.messages.cancel(sent[1].id)
         with pytest.raises(NotFound):
             await client.messages.cancel(uuid.uuid4())
     assert got.id == sent[0].id and got.data == {"name": "U0"}
     assert sorted(listed) == sorted(m.id for m in sent) and len(listed) == 3
+    assert two == listed[:2]
     assert cancelled.status == "cancelled"
     assert count(db) == 3
 
 
 @contextlib.asynccontextmanager
-async def serving_async(db: Any, **settings: str) -> Any:
+async def serving_async(db: TestDB, **settings: str) -> Any:
     api = Api(db, settings)
     _, api.key = new_tenant(db)
     await asyncio.to_thread(api.start)
@@ -394,7 +459,7 @@ class CuttingProxy:
 
 @contextlib.contextmanager
 def lost_answer_then_restart(
-    db: Any,
+    db: TestDB,
 ) -> Iterator[tuple[Api, CuttingProxy, list[int], threading.Thread]]:
     """A server behind a CuttingProxy, armed. When the answer is cut, a thread checks the
     message was committed, kills the server, starts a new one on the same port, and lets

@@ -31,6 +31,7 @@ from mailbag.client import (
     Client,
     Conflict,
     ConnectionFailed,
+    FieldError,
     IdempotencyKeyReused,
     Message,
     MessageStatus,
@@ -198,7 +199,7 @@ def test_an_error_answer_that_retrying_cannot_change_is_raised_after_one_attempt
         status,
         slug,
         "why",
-        {"to": "bad"},
+        [FieldError("to", "bad")],
     )
     assert error.request_id == "req-1" and error.attempts == 1
     assert error.problem["errors"] == {"to": "bad"}
@@ -494,7 +495,8 @@ def test_a_batch_sends_each_drafts_body_with_its_own_key_under_one_key_for_the_w
     }
     assert result.replayed and (result.created, result.invalid) == (1, 1)
     assert result.results[0].message.id == MESSAGE["id"]
-    assert result.results[1].error.errors == {"to": "bad"} and result.results[1].error.status == 422
+    assert result.results[1].error.errors == [FieldError("to", "bad")]
+    assert result.results[1].error.status == 422
 
 
 def test_a_port_nobody_listens_on_ends_in_connection_failed_after_every_attempt():

@@ -23,6 +23,7 @@ from mailbag.store import senders
 from mailbag.store.plan import run
 from mailbag.store.schema import outbox_messages
 
+from conftest import TestDB
 from helpers import claim, enqueue, events, finalize, get
 
 PASSWORD = "correct horse battery staple"
@@ -32,7 +33,7 @@ WORKED_ON = NOW - timedelta(minutes=30)  # before NOW: a claim then never takes 
 
 
 @asynccontextmanager
-async def console(db: Any, *, logged_in: bool = True) -> AsyncIterator[httpx.AsyncClient]:
+async def console(db: TestDB, *, logged_in: bool = True) -> AsyncIterator[httpx.AsyncClient]:
     async with api_client(db, admin_password=PASSWORD) as client:
         if logged_in:
             await login(client)
@@ -69,11 +70,11 @@ async def act(
     return await client.post(path, data={"csrf": csrf, **fields, "confirm": "yes"})
 
 
-def pending(db: Any, n: int = 1, **fields: Any) -> list[Any]:
+def pending(db: TestDB, n: int = 1, **fields: Any) -> list[Any]:
     return enqueue(db, n, now=NOW, **fields)
 
 
-def finished(db: Any, action: Action, n: int = 1, **fields: Any) -> list[Any]:
+def finished(db: TestDB, action: Action, n: int = 1, **fields: Any) -> list[Any]:
     """n messages claimed and finalized by a worker with `action` (MARK_UNKNOWN, BURY, ...)."""
     messages = enqueue(db, n, now=WORKED_ON, **fields)
     batch = claim(db, now=WORKED_ON, limit=n)
@@ -83,7 +84,7 @@ def finished(db: Any, action: Action, n: int = 1, **fields: Any) -> list[Any]:
     return messages
 
 
-def status(db: Any, message_id: uuid.UUID) -> str:
+def status(db: TestDB, message_id: uuid.UUID) -> str:
     return str(get(db, message_id).status)
 
 
@@ -311,7 +312,7 @@ PAGE = b"<!doctype html><script>alert(document.cookie)</script>"
 LOGO = b"\x89PNG not really"
 
 
-def carrying(db: Any) -> Any:
+def carrying(db: TestDB) -> Any:
     """A ready-made message with every kind of recipient, a sender identity, expiry,
     priority, an unsubscribe link and three attachments; one Cc is suppressed."""
     with db.engine.begin() as conn:

@@ -23,6 +23,7 @@ from mailbag.domain.delivery import Decision
 from mailbag.domain.states import Action
 from servers import uvicorn_thread
 
+from conftest import TestDB
 from helpers import claim, enqueue, finalize, get
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -57,7 +58,7 @@ def png(width: int, height: int) -> bytes:
     )
 
 
-def finished(db: Any, action: Action, at: datetime, **fields: Any) -> Any:
+def finished(db: TestDB, action: Action, at: datetime, **fields: Any) -> Any:
     (message,) = enqueue(db, 1, now=at, **fields)
     batch = claim(db, now=at, limit=1)
     assert [m.id for m in batch.messages] == [message.id]
@@ -254,3 +255,45 @@ def check_previews(
     assert frame.locator("img#pixel").evaluate("img => img.naturalWidth") == 0
     page.screenshot(path=str(ARTIFACTS / "preview.png"), full_page=True)
     return remote, problems
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_an_operator_pauses_and_resumes_a_tenant_in_the_browser(db, chromium):
+    from mailbag.services.tenants import create_tenant
+
+    acme, _ = create_tenant(db.engine, "acme")
+    (waiting,) = enqueue(db, 1, tenant_id=acme.id, to="held@example.com")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    app = create_app(settings_for(db, admin_password=PASSWORD))
+    with uvicorn_thread(app) as base:
+        context = chromium.new_context(java_script_enabled=False)
+        page = context.new_page()
+        page.set_default_timeout(10_000)
+        log_in(page, base, "/admin")
+        page.click("nav >> text=Pauses")
+        assert "Nothing is paused" in page.inner_text("main")
+        page.select_option("select[name=scope]", "tenant")
+        page.fill("input[name=target]", "acme")
+        page.fill("input[name=reason]", "complaints")
+        page.click("button:has-text('Pause…')")
+        assert page.inner_text("h1") == f"Pause tenant acme ({acme.id})?"
+        page.click("button:has-text('Yes, pause')")
+        assert page.url == f"{base}/admin/pauses"
+        assert "Paused tenant acme" in page.inner_text(".flash")
+        row = page.locator("#pauses tbody tr")
+        assert row.count() == 1 and "complaints" in row.inner_text()
+        page.screenshot(path=str(ARTIFACTS / "pauses.png"), full_page=True)
+
+        page.goto(f"{base}/admin/messages/{waiting.id}")
+        held = page.inner_text("#held")
+        assert f"Tenant acme ({acme.id}) is paused" in held and "(complaints)" in held
+        page.screenshot(path=str(ARTIFACTS / "paused-message.png"))
+
+        page.click("nav >> text=Pauses")
+        page.click("button:has-text('Resume…')")
+        page.click("button:has-text('Yes, resume')")
+        assert f"Resumed tenant acme ({acme.id})." in page.inner_text(".flash")
+        assert "Nothing is paused" in page.inner_text("main")
+        page.goto(f"{base}/admin/messages/{waiting.id}")
+        assert page.locator("#held").count() == 0
+        context.close()

@@ -222,14 +222,14 @@ def test_what_the_provider_cannot_carry_is_refused_at_enqueue() -> None:
 
 
 def test_the_limits_come_from_the_settings_and_the_configured_provider() -> None:
-    from mailbag.providers.base import message_limits
     from mailbag.providers.brevo import ATTACHMENT_EXTENSIONS
+    from mailbag.services.intake import limits
     from mailbag.settings import Settings
 
-    brevo = message_limits(Settings(provider="brevo", max_recipients=7))
+    brevo = limits(Settings(provider="brevo", max_recipients=7))
     assert (brevo.max_recipients, brevo.max_reply_to, brevo.max_name_length) == (7, 1, 70)
     assert brevo.attachment_extensions == ATTACHMENT_EXTENSIONS
-    smtp = message_limits(Settings(provider="smtp", smtp_host="localhost"))
+    smtp = limits(Settings(provider="smtp", smtp_host="localhost"))
     assert smtp.max_reply_to is None and smtp.attachment_extensions is None
 
 

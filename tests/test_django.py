@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
+from intake_cases import CASES
 from mailbag.domain.message import InvalidMessage
 from mailbag.store.database import READ_ONLY, make_engine
 from mailbag.store.schema import outbox_messages
@@ -459,7 +460,7 @@ def test_a_replayed_key_reads_the_stored_message_back_through_djangos_connection
 
     from mailbag.django.connection import on_django_connection
     from mailbag.domain.message import new_message
-    from mailbag.services.outbox import enqueue_many
+    from mailbag.services.outbox import write_many
 
     key = unique("replay").replace(" ", "-")
     message = new_message(
@@ -472,9 +473,9 @@ def test_a_replayed_key_reads_the_stored_message_back_through_djangos_connection
         idempotency_key=key,
     )
     with transaction.atomic(using=alias), on_django_connection(alias) as conn:
-        (first,) = enqueue_many(conn, [message])
+        (first,) = write_many(conn, [message])
     with transaction.atomic(using=alias), on_django_connection(alias) as conn:
-        (again,) = enqueue_many(conn, [message])
+        (again,) = write_many(conn, [message])
     assert first.created and not again.created
     assert again.message.id == first.message.id
     assert again.message.headers == {"X-Order": "7"}
@@ -540,6 +541,86 @@ def test_what_mailbag_cannot_carry_is_refused_not_dropped(alias, outbox, change,
         backend(alias).send_messages([message])
     assert field in raised.value.errors
     assert count(outbox, subject=subject) == 0
+
+
+def test_the_backend_and_enqueue_refuse_what_the_configured_provider_cannot_carry(alias, outbox):
+    """With PROVIDER=brevo, whose API takes no `.bin` attachment, both Django doors refuse
+    one at once (as mailbag.enqueue and the API do) and write nothing; a `.pdf` goes."""
+    from django.conf import settings
+    from django.core.mail import EmailMessage
+    from django.test import override_settings
+
+    from mailbag.django import enqueue
+    from mailbag.domain.content import Attachment
+
+    brevo = {**settings.MAILBAG, "PROVIDER": "brevo", "BREVO_API_KEY": "xkeysib-test"}
+    subject = unique("Data")
+
+    def email(filename: str) -> EmailMessage:
+        message = EmailMessage(subject, "Attached.", None, ["ann@example.com"])
+        message.attach(filename, b"\x00\x01 raw bytes", "application/octet-stream")
+        return message
+
+    def enqueued(filename: str) -> Any:
+        data = Attachment(filename, "application/octet-stream", b"\x00\x01 raw bytes")
+        return enqueue(
+            to="ann@example.com", subject=subject, text="x", attachments=[data], using=alias
+        )
+
+    with override_settings(MAILBAG=brevo):
+        for door in (lambda name: backend(alias).send_messages([email(name)]), enqueued):
+            with pytest.raises(InvalidMessage) as refused:
+                door("data.bin")
+            assert set(refused.value.errors) == {"attachments"}
+            assert "(brevo) does not accept" in str(refused.value)
+        assert count(outbox, subject=subject) == 0
+        assert backend(alias).send_messages([email("data.pdf")]) == 1
+        assert enqueued("data.pdf").created
+    assert count(outbox, subject=subject) == 2
+
+
+def test_enqueue_renders_its_template_once_before_anything_is_written(alias, outbox):
+    from mailbag.django import enqueue
+
+    key = unique("welcome")
+    with pytest.raises(InvalidMessage, match="does not render with this data"):
+        enqueue(to="ann@example.com", template="welcome", data={}, idempotency_key=key)
+    assert count(outbox, idempotency_key=key) == 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_both_doors_refuse_what_every_door_refuses_with_the_one_doors_words(alias, outbox, case):
+    """tests/intake_cases.py's bad inputs through mailbag.django.enqueue (every case) and
+    the email backend (what an EmailMessage can say: an attachment), with the case's
+    provider: refused with services.intake's words, as the API, the CLI and mailbag.enqueue
+    refuse them (test_intake.py), and nothing written."""
+    from django.conf import settings
+    from django.core.mail import EmailMessage
+    from django.test import override_settings
+
+    from mailbag.django import enqueue
+
+    deployment = {**settings.MAILBAG, "PROVIDER": case.provider, "BREVO_API_KEY": "xkeysib-test"}
+    key = unique("intake").replace(" ", "-")
+    said = {}
+    with override_settings(MAILBAG=deployment):
+        with pytest.raises(InvalidMessage) as refused:
+            enqueue(using=alias, idempotency_key=key, **case.python_fields())
+        said["mailbag.django.enqueue"] = refused.value.errors[case.field]
+        if case.template is None:
+            email = EmailMessage(
+                case.fields["subject"], case.fields["text"], None, [case.fields["to"]]
+            )
+            for name, content in case.files.items():
+                email.attach(name, content, "application/octet-stream")
+            with pytest.raises(InvalidMessage) as refused:
+                backend(alias).send_messages([email])
+            said["EmailBackend"] = refused.value.errors[case.field]
+    assert said == dict.fromkeys(said, case.refusal())
+    assert len(said) == (1 if case.template else 2)
+    assert count(outbox, idempotency_key=key) == 0
+    if case.template is None:
+        assert count(outbox, subject=case.fields["subject"]) == 0
 
 
 # --- settings and commands -------------------------------------------------------------------
@@ -658,6 +739,58 @@ def test_system_checks_report_unusable_settings_and_a_deferred_sqlite(django_env
         assert reported() == {"mailbag.W001"}
     finally:
         options["transaction_mode"] = mode
+
+
+def test_system_checks_name_an_unknown_provider_and_a_missing_secret_key(
+    django_env, monkeypatch, tmp_path
+):
+    """`manage.py check` passed PROVIDER "smpt" and a server database without a key; the
+    worker then refused at once. Both are reported at start now."""
+    from django.conf import settings
+    from django.core.checks import run_checks
+    from django.test import override_settings
+
+    from mailbag import providers
+
+    monkeypatch.delenv("MAILBAG_SECRET_KEY", raising=False)
+    monkeypatch.delenv("MAILBAG_PROVIDER", raising=False)
+
+    def reported(**mailbag: Any) -> dict[str, str]:
+        with override_settings(MAILBAG=mailbag):
+            return {
+                message.id: f"{message.msg} {message.hint}"
+                for message in run_checks(tags=["mailbag"])
+            }
+
+    given = dict(settings.MAILBAG)
+    assert reported(**given) == {}
+    typo = reported(**{**given, "PROVIDER": "smpt"})
+    assert set(typo) == {"mailbag.E002"}
+    assert "'smpt'" in typo["mailbag.E002"]
+    assert all(name in typo["mailbag.E002"] for name in providers.available())
+    keyless = {k: v for k, v in given.items() if k != "SECRET_KEY"}
+    assert reported(**keyless) == {}  # SQLite: a key file beside the database will do
+    short = reported(**{**given, "SECRET_KEY": "too-short"})
+    assert set(short) == {"mailbag.E001"} and "SECRET_KEY" in short["mailbag.E001"]
+    assert "too-short" not in short["mailbag.E001"]  # a secret never in a message
+    if "pg" in settings.DATABASES:
+        missing = reported(**{**keyless, "DATABASE": "pg"})
+        assert set(missing) == {"mailbag.E003"}
+        assert "SECRET_KEY" in missing["mailbag.E003"]
+
+    # And as an operator runs it: `manage.py check` fails, naming the provider.
+    (tmp_path / "typo_settings.py").write_text(
+        "from django_project.settings import *  # noqa: F403\n"
+        'MAILBAG = {**MAILBAG, "PROVIDER": "smpt"}  # noqa: F405\n'
+    )
+    typo_env = {
+        **django_env,
+        "DJANGO_SETTINGS_MODULE": "typo_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = manage(typo_env, "check")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "mailbag.E002" in done.stderr and "'smpt'" in done.stderr and "smtp" in done.stderr
 
 
 def test_mailbag_stats_counts_the_outbox_of_the_django_database(alias, django_env, outbox):

@@ -54,6 +54,19 @@ def test_the_command_line_loads_no_server_library_to_start():
     assert {m for m in loaded if m.partition(".")[0] in HEAVY} == set()
 
 
+def modules_loaded_by_command(args: list[str], url: str, cwd: Path) -> set[str]:
+    """What `mailbag ARGS` loads, run to a successful end on the database at `url`."""
+    return modules_loaded_by(
+        "from mailbag.cli import app\n"
+        "try:\n"
+        f"    app({args!r}, prog_name='mailbag')\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code",
+        env=mailbag_env(url),
+        cwd=cwd,
+    )
+
+
 # Only the long-running commands need these; the ORM comes with SQLAlchemy's asyncio extension.
 SERVER_ONLY = (
     *("fastapi", "starlette", "uvicorn", "botocore", "alembic", "structlog"),
@@ -80,15 +93,7 @@ def test_operator_commands_load_only_what_they_use(tmp_path, args, avoided):
     engine = make_engine(url, null_pool=True)
     migrate.upgrade(engine)
     engine.dispose()
-    loaded = modules_loaded_by(
-        "from mailbag.cli import app\n"
-        "try:\n"
-        f"    app({args!r}, prog_name='mailbag')\n"
-        "except SystemExit as exc:\n"
-        "    assert not exc.code, exc.code",
-        env=mailbag_env(url),
-        cwd=tmp_path,
-    )
+    loaded = modules_loaded_by_command(args, url, tmp_path)
     assert "mailbag.services.outbox" in loaded or "mailbag.services.operations" in loaded
     assert loaded_within(loaded, avoided) == set()
 
@@ -120,8 +125,14 @@ def serve_env(folder: Path, **settings: str) -> dict[str, str]:
 
 
 def serve_until_it_exits(folder: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return run_until_it_exits(folder, env, "serve")
+
+
+def run_until_it_exits(
+    folder: Path, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "mailbag", "serve"],
+        [sys.executable, "-m", "mailbag", *args],
         env=env,
         cwd=folder,
         capture_output=True,
@@ -132,13 +143,18 @@ def serve_until_it_exits(folder: Path, env: dict[str, str]) -> subprocess.Comple
 
 
 @pytest.mark.slow
-def test_serve_exits_at_once_when_the_port_is_taken(folder, held_port):
-    # It used to print "API on http://..." and then fail; now it never claims to listen.
-    result = serve_until_it_exits(folder, serve_env(folder, api_port=str(held_port)))
-    assert result.returncode != 0
+@pytest.mark.parametrize("command", ["serve", "api"])
+def test_a_taken_port_is_said_once_and_the_command_exits_1(folder, held_port, command):
+    # serve used to print "API on http://..." and then fail; then it said the error twice
+    # (uvicorn's log line, then its own). Now once, and it never claims to listen.
+    if command == "api":  # it needs the schema `serve` makes
+        assert run_until_it_exits(folder, serve_env(folder), "migrate").returncode == 0
+    result = run_until_it_exits(folder, serve_env(folder), command, "--port", str(held_port))
+    assert result.returncode == 1, result.stderr
     assert BANNER not in result.stderr
-    assert f"the API could not start on 127.0.0.1:{held_port}" in result.stderr
-    assert "address already in use" in result.stderr
+    assert f"the API could not start on 127.0.0.1:{held_port}: the port is taken" in result.stderr
+    assert result.stderr.count("already in use") == 1, result.stderr
+    assert "Errno" not in result.stderr
 
 
 @pytest.mark.slow
@@ -182,3 +198,59 @@ def test_serve_listens_before_it_says_so_and_stops_cleanly_on_sigterm(folder):
     assert code == 0, log.read_text()
     assert (folder / "mailbag.db").exists() and (folder / "mailbag.db.key").exists()
     assert os.stat(folder / "mailbag.db.key").st_mode & 0o077 == 0
+
+
+def first_lines(process: subprocess.Popen[str], n: int) -> list[str]:
+    """The first n lines the command writes to stderr, each answered at once: a line that
+    says a part listens must come only once it does."""
+    assert process.stderr is not None
+    lines = []
+    while len(lines) < n:
+        line = process.stderr.readline()
+        assert line, f"the command ended after {lines}"
+        if line.startswith("mailbag: ") and " on http://" in line:
+            url = line.split(" on ", 1)[1].split()[0]
+            probe = f"{url}/login" if url.endswith("/admin") else f"{url}/healthz"
+            assert httpx.get(probe).status_code == 200, line
+        lines.append(line.rstrip("\n"))
+    return lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("command", "console"),
+    [("serve", True), ("serve", False), ("api", True), ("api", False)],
+    ids=["serve-console", "serve", "api-console", "api"],
+)
+def test_serve_and_api_listen_on_port_and_say_so_once_for_each_part(folder, command, console):
+    # `serve` had no --port and `api --port` printed nothing: now each part's line, once
+    # it listens, on the port given on the command line (over MAILBAG_API_PORT).
+    port = free_port()
+    env = serve_env(folder, api_port=str(free_port()), provider="console")
+    if console:
+        env["MAILBAG_ADMIN_PASSWORD"] = "a console password"
+    if command == "api":
+        assert run_until_it_exits(folder, env, "migrate").returncode == 0
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mailbag", command, "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        cwd=folder,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        expected = [
+            f"mailbag: API on http://127.0.0.1:{port} (docs at http://127.0.0.1:{port}/docs)"
+        ]
+        if console:
+            expected.append(f"mailbag: console on http://127.0.0.1:{port}/admin")
+        assert first_lines(process, len(expected)) == expected
+        assert httpx.get(f"http://127.0.0.1:{port}/admin/login").status_code == (
+            200 if console else 404
+        )
+    finally:
+        code = stop(process, signal.SIGTERM)
+        rest = process.stderr.read() if process.stderr else ""
+    assert code == 0, rest
+    assert " on http://" not in rest  # each said once

@@ -16,12 +16,14 @@ from hook_helpers import HOOKS_KEY, sent_and_failed, settle_all
 from mailbag.domain.hooks import SecretBox, parse_secret
 from mailbag.store.schema import hook_endpoints
 
+from conftest import TestDB
+
 ADMIN_TOKEN = "admin-token-for-hooks-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 URL = "https://hooks.acme.example/mailbag"
 
 
-def admin_api(db: Any, **overrides: Any) -> Any:
+def admin_api(db: TestDB, **overrides: Any) -> Any:
     settings = {"admin_token": ADMIN_TOKEN, "hooks_key": HOOKS_KEY, **overrides}
     return api_client(db, **{k: v for k, v in settings.items() if v is not None})
 
@@ -179,6 +181,17 @@ async def test_an_endpoint_the_rules_refuse_is_a_422_and_nothing_is_written(db, 
             assert field in problem(refused, 422, "invalid-hook")["errors"]
         listed = await api.get(f"{base(tenant)}/endpoints", headers=AUTH)
         assert listed.json() == []
+
+
+async def test_a_422_names_every_bad_field_at_once_and_an_internal_url_is_one(db):
+    tenant, _ = new_tenant(db)
+    body = {"url": "https://169.254.169.254/latest/", "events": ["sendt"]}
+    async with admin_api(db) as api:
+        refused = await api.post(f"{base(tenant)}/endpoints", json=body, headers=AUTH)
+        errors = problem(refused, 422, "invalid-hook")["errors"]
+        assert set(errors) == {"url", "events"}
+        assert "cloud metadata" in errors["url"]
+        assert (await api.get(f"{base(tenant)}/endpoints", headers=AUTH)).json() == []
 
 
 async def test_http_to_localhost_only_when_the_setting_allows_it(db):

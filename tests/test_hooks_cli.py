@@ -136,7 +136,7 @@ def test_deliveries_are_listed_shown_and_replayed(cli, db):
     lines = [line.split("\t") for line in listed.stdout.splitlines()]
     assert len(lines) == 3
     assert {line[6] for line in lines} == {str(m.id) for m in messages}
-    assert all(line[1] == "pending" and line[3] == "0/8" for line in lines)
+    assert all(line[1] == "pending" and line[3] == "0 made, 8 left" for line in lines)
     failed = cli("deliveries", "--event", "failed", "--endpoint", endpoint_id)
     assert [line.split("\t")[6] for line in failed.stdout.splitlines()] == [str(messages[2].id)]
     first = cli("deliveries", "--limit", "2")

@@ -8,28 +8,28 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import httpx
 import pytest
 
 from api_helpers import api_client, new_tenant, settings_for
-from hook_helpers import HOOKS_KEY, sent_and_failed, settle_all
+from hook_helpers import HOOKS_KEY, BlockingHooks, sent_and_failed, settle_all
 from mailbag.api import create_app
 from mailbag.domain.hooks import DAction
-from mailbag.services.hooks import SyncHooks
 from mailbag.settings import Settings
 from servers import uvicorn_thread
 from test_console import PASSWORD, login, token
 from test_console_browser import ARTIFACTS, chromium  # noqa: F401 - a fixture
 
+from conftest import TestDB
+
 URL = "https://hooks.acme.example/mailbag"
 
 
-def endpoint(db: Any, tenant: str, *events: str, url: str = URL) -> tuple[uuid.UUID, str]:
+def endpoint(db: TestDB, tenant: str, *events: str, url: str = URL) -> tuple[uuid.UUID, str]:
     """(endpoint id, secret), made as `mailbag hooks add` makes it."""
     settings = Settings.model_validate({"database_url": db.url, "hooks_key": HOOKS_KEY})
-    new = SyncHooks(db.engine, settings).create_endpoint(
+    new = BlockingHooks(db, settings).create_endpoint(
         tenant, url, list(events) or ["sent"], "billing service"
     )
     return new.endpoint.id, new.secret
@@ -37,7 +37,7 @@ def endpoint(db: Any, tenant: str, *events: str, url: str = URL) -> tuple[uuid.U
 
 @asynccontextmanager
 async def hooks_console(
-    db: Any, *, logged_in: bool = True, hooks_key: str | None = HOOKS_KEY
+    db: TestDB, *, logged_in: bool = True, hooks_key: str | None = HOOKS_KEY
 ) -> AsyncIterator[httpx.AsyncClient]:
     settings = {"admin_password": PASSWORD, "hooks_key": hooks_key}
     async with api_client(db, **{k: v for k, v in settings.items() if v}) as client:
@@ -81,7 +81,7 @@ async def test_the_hooks_page_lists_endpoints_and_deliveries_without_secrets(db)
         settle_all(db, DAction.RETRY, status_code=503)
         retrying = await client.get("/admin/hooks", params={"status": "retrying"})
         assert retrying.text.count('class="state state-retrying"') == 4
-        assert "HTTP 503" in retrying.text and "1/" in retrying.text
+        assert "HTTP 503" in retrying.text and "1 made, 7 left" in retrying.text
         next_attempts = re.findall(r'<td class="mono">([0-9T:-]+Z)</td>\s*</tr>', retrying.text)
         assert len(next_attempts) == 4  # the last column: when a worker tries again
         assert (await client.get("/admin/hooks?status=dead")).text.count("/deliveries/") == 0
@@ -122,6 +122,7 @@ async def test_an_operator_replays_a_dead_delivery_after_confirming(db):
 
         pending = await client.get(url)
         assert pending.status_code == 200
+        assert f"acme ({tenant})" in pending.text  # the tenant's name, beside its id
         assert 'id="state">pending' in pending.text and "Replay…" not in pending.text
         assert "&#34;type&#34;: &#34;message.sent&#34;" in pending.text  # the body, escaped
         assert str(message.id) in pending.text
@@ -140,12 +141,15 @@ async def test_an_operator_replays_a_dead_delivery_after_confirming(db):
         csrf = await token(client)
         asked = await client.post(f"{url}/replay", data={"csrf": csrf})
         assert asked.status_code == 200 and "Replay this delivery?" in asked.text
+        assert f"acme ({tenant})" in asked.text
         assert 'name="confirm" value="yes"' in asked.text
         assert 'id="state">dead' in (await client.get(url)).text  # asking changes nothing
         done = await client.post(f"{url}/replay", data={"csrf": csrf, "confirm": "yes"})
         assert done.status_code == 303 and done.headers["location"] == url
         after = await client.get(url)
         assert 'id="state">pending' in after.text
+        # One attempt made before; the replay's fresh budget is all left (it read "1/9").
+        assert 'id="attempts">1 made, 8 left' in after.text
         assert "Replayed: the delivery is pending again." in after.text
         assert "operator:console" in after.text  # the history row's actor
         again = await client.post(f"{url}/replay", data={"csrf": csrf, "confirm": "yes"})

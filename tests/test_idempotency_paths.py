@@ -1,7 +1,7 @@
-"""The cases a keyed POST /v1/messages leaves to the readable path. On PostgreSQL a key's
-first use is one statement (store.enqueue.enqueue_first_use) that writes nothing unless it
+"""The cases a keyed POST /v1/messages leaves to the general path. A key's first use is one
+chain (store.first_use.message; on PostgreSQL one statement) that writes nothing unless it
 is an ordinary first use; these cases run on every database so that both paths answer them
-alike."""
+alike (tests/test_fast_paths.py compares the rows each way writes)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from api_helpers import api_client, new_tenant
 from mailbag.clock import utcnow
-from mailbag.services.outbox import enqueue
+from mailbag.services.intake import enqueue
 from mailbag.store import suppressions
 from mailbag.store.plan import run
 

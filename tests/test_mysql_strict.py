@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 from sqlalchemy import insert, select, text
@@ -17,6 +16,8 @@ from sqlalchemy.exc import DataError, OperationalError
 
 from mailbag.store.database import make_async_engine, make_engine
 from mailbag.store.schema import tenants
+
+from conftest import TestDB
 
 pytestmark = pytest.mark.parametrize("db", ["mysql"], indirect=True)
 
@@ -30,7 +31,7 @@ TOO_LONG = {  # 201 characters for a String(200) column
 
 
 @pytest.fixture
-def lenient_server(db: Any) -> Iterator[None]:
+def lenient_server(db: TestDB) -> Iterator[None]:
     """The server's default sql_mode emptied for the test (new connections take it)."""
     with db.engine.connect() as conn:
         before = conn.execute(text("SELECT @@GLOBAL.sql_mode")).scalar_one()

@@ -28,6 +28,7 @@ from mailbag.store.schema import provider_events, suppressions
 from mailbag.templates import builtin
 from mailbag.worker import Worker, WorkerConfig
 
+from conftest import TestDB
 from helpers import claim, events, finalize, get, message, run_worker_until, status_counts
 from memory_provider import MemoryProvider
 from smtp_server import DROP, RecordingSMTPServer
@@ -53,10 +54,10 @@ def ses_record(name: str) -> dict[str, Any]:
     return record
 
 
-def unknown_message(db: Any, **fields: Any) -> Any:
+def unknown_message(db: TestDB, **fields: Any) -> Any:
     """A message whose send ended ambiguously (what a lost connection after DATA leaves)."""
     with db.engine.begin() as conn:
-        (result,) = outbox_service.enqueue_many(conn, [message(0, **fields)])
+        (result,) = outbox_service.write_many(conn, [message(0, **fields)])
     batch = claim(db, now=datetime.now(UTC))
     finalize(
         db,
@@ -138,7 +139,7 @@ async def test_an_event_for_a_message_we_never_sent_is_kept_and_counted(db):
 
 async def test_events_match_by_the_providers_message_id_too(db):
     with db.engine.begin() as conn:
-        (result,) = outbox_service.enqueue_many(conn, [message(0)])
+        (result,) = outbox_service.write_many(conn, [message(0)])
     batch = claim(db, now=datetime.now(UTC))
     finalize(
         db,
@@ -199,7 +200,7 @@ async def test_a_signed_ses_bounce_suppresses_the_address(db, async_engine):
     assert get(db, msg.id).status == Status.SENT  # a bounce proves the provider had it
     # The next message to that address fails at once, and no provider is asked.
     with db.engine.begin() as conn:
-        (again,) = outbox_service.enqueue_many(
+        (again,) = outbox_service.write_many(
             conn, [message(1, to="Nobody@Example.com", tenant_id=tenant_id)]
         )
     assert (again.message.status, again.message.last_error) == ("failed", "suppressed")
@@ -240,7 +241,7 @@ async def test_an_sns_subscription_is_confirmed_by_visiting_its_url(db):
 async def test_an_ambiguous_smtp_send_ends_sent_without_a_second_send(db, async_engine):
     """The connection dies after end-of-data; the relay's webhook later says delivered."""
     with db.engine.begin() as conn:
-        (result,) = outbox_service.enqueue_many(conn, [message(0)])
+        (result,) = outbox_service.write_many(conn, [message(0)])
     mid = result.message.id
     with RecordingSMTPServer() as smtp:
         smtp.inject("end_of_data", DROP)
@@ -279,7 +280,7 @@ async def test_an_ambiguous_smtp_send_ends_sent_without_a_second_send(db, async_
 
 async def test_the_reconciler_uses_events_that_came_before_the_sweep(db, async_engine):
     with db.engine.begin() as conn:
-        (result,) = outbox_service.enqueue_many(conn, [message(0)])
+        (result,) = outbox_service.write_many(conn, [message(0)])
     batch = claim(db, now=datetime.now(UTC))
     # The delivery event arrives while the message is still processing: stored, no change.
     async with api_client(db, **SECRETS) as api:
@@ -307,7 +308,9 @@ async def test_the_reconciler_asks_brevo_and_flags_what_nobody_knows(db, async_e
             outgoing_email(0, message_id=known.id, to_email="known@example.com")
         )
         assert isinstance(sent, Accepted)
-        reconciler = Reconciler(async_engine, provider=provider, flag_after=timedelta(0))
+        reconciler = Reconciler(
+            async_engine, providers={provider.name: provider}, flag_after=timedelta(0)
+        )
         first = await reconciler.run_once(datetime.now(UTC))
         second = await reconciler.run_once(datetime.now(UTC))
         await provider.aclose()
@@ -385,7 +388,7 @@ async def test_metrics_report_a_scripted_run(db, async_engine):
         "claims": sample("mailbag_claim_seconds_count"),
     }
     with db.engine.begin() as conn:
-        outbox_service.enqueue_many(conn, [message(i) for i in range(5)])
+        outbox_service.write_many(conn, [message(i) for i in range(5)])
 
     def script(email: Any, nth: int) -> Any:
         from mailbag.domain.delivery import Rejected
@@ -463,6 +466,8 @@ def test_the_alert_rules_are_valid(db):
         "MailbagLeaseExpiredRepeatedly",
         "MailbagUnmatchedProviderEvents",
         "MailbagDeadLettersRising",
+        "MailbagOptionalPartFailing",
+        "MailbagHookEndpointsPaused",
     } <= names
     assert metrics.SENT  # importing mailbag.metrics registers every metric
     exported = {family.name for family in REGISTRY.collect()}

@@ -14,8 +14,8 @@ import pytest
 
 from mailbag import providers
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, SendOutcome
-from mailbag.providers import brevo, ses, smtp
-from mailbag.providers.base import address_rules
+from mailbag.providers import brevo, http_api, postmark, resend, ses, smtp
+from mailbag.providers.base import Capabilities
 from mailbag.providers.file import FileProvider
 from mailbag.providers.kit import (
     ERROR_TEXT_MAX,
@@ -31,6 +31,7 @@ from mailbag.providers.kit import (
     scrub,
     unsupported_feature,
 )
+from mailbag.services.intake import address_rules
 from mailbag.settings import Settings
 
 from helpers import outgoing_email
@@ -205,7 +206,14 @@ OUTCOME_CLASSES = set(get_args(SendOutcome))
 
 def test_every_providers_table_names_only_domain_outcome_classes() -> None:
     smtp_classes = {cls for row in smtp.OUTCOME_TABLE.values() for cls in row}
-    tables: list[OutcomeTable] = [brevo.RESPONSE_TABLE, brevo.TRANSPORT_TABLE, ses.ERROR_OUTCOMES]
+    tables: list[OutcomeTable] = [
+        brevo.RESPONSE_TABLE,
+        http_api.TRANSPORT_TABLE,
+        ses.ERROR_OUTCOMES,
+        postmark.RESPONSE_TABLE,
+        tuple(postmark.ERROR_CODES.items()),
+        resend.RESPONSE_TABLE,
+    ]
     row_classes = {cls for table in tables for _key, cls in table}
 
     assert smtp_classes | row_classes <= OUTCOME_CLASSES
@@ -234,9 +242,12 @@ def test_first_match_takes_the_first_row_that_matches_and_ambiguous_otherwise() 
 def test_failure_builds_the_outcome_a_row_names() -> None:
     hint = timedelta(seconds=9)
 
+    # A table's Deferred is the provider's own failure (nothing judged the message) unless
+    # the provider says it was about the message (SMTP's 4xx to a recipient).
     assert failure_outcome(Deferred, "e", keyed=True, retry_after=hint) == Deferred(
-        "e", retry_after=hint
+        "e", retry_after=hint, provider_fault=True
     )
+    assert failure_outcome(Deferred, "e", keyed=True, provider_fault=False) == Deferred("e")
     assert failure_outcome(Ambiguous, "e", keyed=False, retry_after=hint) == Ambiguous(
         "e", keyed=False
     )
@@ -261,8 +272,9 @@ async def test_the_registry_builds_each_builtin_provider_through_from_settings(
         cls = type(provider)
         assert factory == cls.from_settings  # type: ignore[attr-defined]
         assert provider.name == name
-        # Enqueue's address rules read the class without building a provider.
-        utf8 = getattr(cls, "supports_utf8_local_part", False)
+        # Enqueue's address rules read the class's declaration without building a provider.
+        assert isinstance(cls.capabilities, Capabilities)
+        utf8 = cls.capabilities.utf8_local_part
         assert address_rules(settings).utf8_local_part is utf8
     finally:
         await provider.aclose()

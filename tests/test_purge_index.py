@@ -16,7 +16,7 @@ from mailbag.store.database import make_engine
 from mailbag.store.plan import answering, dialect_of_connection, run
 from mailbag.store.schema import message_events, outbox_messages
 
-from conftest import _server_database
+from conftest import TestDB, _server_database
 from helpers import T0, message_row, query_plan
 
 CUTOFF = T0
@@ -27,7 +27,7 @@ INDEX = {
 }
 
 
-def _fill(db: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _fill(db: TestDB) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every state, each older than, at and newer than the cutoff; one event per message.
     Returns (the rows purge must delete, oldest first; the rows it must keep)."""
     rows = []
@@ -61,7 +61,7 @@ def _fill(db: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return gone, kept
 
 
-def _purge(db: Any, limit: int) -> int:
+def _purge(db: TestDB, limit: int) -> int:
     with db.engine.begin() as conn:
         return run(conn, operator.purge(older_than=CUTOFF, limit=limit))
 

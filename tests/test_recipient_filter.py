@@ -13,6 +13,7 @@ from mailbag.store import messages
 from mailbag.store.plan import run
 from mailbag.store.schema import outbox_messages
 
+from conftest import TestDB
 from helpers import message_row, query_plan
 
 SAME = ["ada@example.com", "Ada@Example.COM", "ADA@EXAMPLE.COM", "adA@example.com"]
@@ -29,7 +30,7 @@ INDEX = {
 }
 
 
-def _fill(db: Any) -> set[Any]:
+def _fill(db: TestDB) -> set[Any]:
     """Messages to the same mailbox in several spellings, to others, and to the same one
     in another tenant; returns the ids a filter for ada@example.com in t1 must find."""
     mine = [message_row(to_address=a) for a in SAME]

@@ -13,6 +13,7 @@ from mailbag.services import outbox as outbox_service
 from mailbag.services.reconciliation import ingest, own_recipient
 from mailbag.store.schema import suppressions
 
+from conftest import TestDB
 from helpers import get, message
 
 
@@ -32,14 +33,14 @@ def bounce(message_id: Any, recipient: str | None, key: str) -> ProviderEvent:
     )
 
 
-def suppressed(db: Any) -> set[str]:
+def suppressed(db: TestDB) -> set[str]:
     with db.engine.connect() as conn:
         return {row.email for row in conn.execute(select(suppressions))}
 
 
 async def test_a_bounce_of_the_cc_suppresses_the_cc_only(db, async_engine):
     with db.engine.begin() as conn:
-        (result,) = outbox_service.enqueue_many(
+        (result,) = outbox_service.write_many(
             conn,
             [message(0, to=["ada@example.com", "bob@example.com"], cc=["cy@example.com"])],
         )
@@ -65,6 +66,6 @@ async def test_a_bounce_of_the_cc_suppresses_the_cc_only(db, async_engine):
 
 async def test_a_single_recipient_message_still_suppresses_its_to(db, async_engine):
     with db.engine.begin() as conn:
-        (result,) = outbox_service.enqueue_many(conn, [message(0, to="ada@example.com")])
+        (result,) = outbox_service.write_many(conn, [message(0, to="ada@example.com")])
     report = await ingest(async_engine, [bounce(result.message.id, None, "b1")], datetime.now(UTC))
     assert report.suppressed == 1 and suppressed(db) == {"ada@example.com"}

@@ -13,6 +13,7 @@ from mailbag.domain.delivery import Decision
 from mailbag.domain.message import Filter
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.states import Action, Status
+from mailbag.services import intake
 from mailbag.services import outbox as outbox_service
 from mailbag.store import dispatch, operator
 from mailbag.store import enqueue as enqueue_store
@@ -310,11 +311,11 @@ def test_extend_lease_keeps_a_slow_send_from_being_swept(db):
 def test_duplicate_enqueue_returns_the_existing_message_and_keeps_the_transaction(db):
     (first,) = enqueue(db, idempotency_key="signup-42")
     with db.engine.begin() as conn:
-        dup = outbox_service.enqueue_many(conn, [message(9, idempotency_key="signup-42")])[0]
+        dup = outbox_service.write_many(conn, [message(9, idempotency_key="signup-42")])[0]
         assert not dup.created and dup.message.id == first.id
         assert dup.message.to_address == "user0@example.com"
         # The transaction is still usable: later statements in it run and commit.
-        other = outbox_service.enqueue_many(conn, [message(10, idempotency_key="other")])[0]
+        other = outbox_service.write_many(conn, [message(10, idempotency_key="other")])[0]
         conn.execute(text("SELECT 1"))
     assert other.created
     assert get(db, other.message.id) is not None
@@ -329,7 +330,7 @@ def test_the_same_key_in_another_tenant_is_another_message(db):
 
 def test_a_bulk_enqueue_with_repeated_keys_inserts_each_key_once(db):
     with db.engine.begin() as conn:
-        results = outbox_service.enqueue_many(
+        results = outbox_service.write_many(
             conn,
             [
                 message(0, idempotency_key="a"),
@@ -357,7 +358,7 @@ def test_concurrent_duplicate_enqueues_create_exactly_one_row(db):
             with engine.begin() as conn:
                 if db.dialect != "sqlite":
                     start.wait()  # every transaction is open before anyone inserts
-                result = outbox_service.enqueue_many(conn, [message(i, idempotency_key="once")])
+                result = outbox_service.write_many(conn, [message(i, idempotency_key="once")])
                 ids.append(result[0].message.id)
         except BaseException as exc:
             errors.append(exc)
@@ -375,7 +376,7 @@ def test_concurrent_duplicate_enqueues_create_exactly_one_row(db):
 
 def test_the_callers_rollback_leaves_no_message(db):
     with db.engine.connect() as conn, conn.begin() as tx:
-        outbox_service.enqueue_many(conn, [message(0, idempotency_key="rolled-back")])
+        outbox_service.write_many(conn, [message(0, idempotency_key="rolled-back")])
         tx.rollback()
     assert count_rows(db) == (0, 0)
     (again,) = enqueue(db, idempotency_key="rolled-back")
@@ -385,10 +386,10 @@ def test_the_callers_rollback_leaves_no_message(db):
 async def test_enqueue_inside_an_async_callers_transaction(db, async_engine):
     async with async_engine.begin() as conn:
         await conn.execute(text("SELECT 1"))  # the caller's own work in the same transaction
-        first = await outbox_service.enqueue_async(
+        first = await intake.enqueue_async(
             conn, to="a@example.com", template="welcome", data={"name": "A"}, idempotency_key="k"
         )
-        dup = await outbox_service.enqueue_async(
+        dup = await intake.enqueue_async(
             conn, to="a@example.com", template="welcome", data={"name": "A"}, idempotency_key="k"
         )
     assert first.created and not dup.created and first.message.id == dup.message.id

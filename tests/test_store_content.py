@@ -30,6 +30,7 @@ from mailbag.store.schema import (
     tenant_senders,
 )
 
+from conftest import TestDB
 from helpers import T0, claim, finalize, get, message, race_claims
 
 PDF = b"%PDF-1.7\n" + os.urandom(200_000) + b"\n%%EOF\n"
@@ -40,17 +41,17 @@ def pdf(name: str = "invoice.pdf", content: bytes = PDF) -> Attachment:
     return Attachment(name, "application/pdf", content)
 
 
-def do(db: Any, plan: Plan[Any]) -> Any:
+def do(db: TestDB, plan: Plan[Any]) -> Any:
     with db.engine.begin() as conn:
         return run(conn, plan)
 
 
-def put(db: Any, *messages: NewMessage, now: Any = T0) -> list[Any]:
+def put(db: TestDB, *messages: NewMessage, now: Any = T0) -> list[Any]:
     results = do(db, enqueue_store.enqueue(list(messages), now=now, default_max_attempts=5))
     return [r.message for r in results]
 
 
-def counts(db: Any) -> dict[str, int]:
+def counts(db: TestDB) -> dict[str, int]:
     tables = (outbox_messages, message_events, attachments_table, message_attachments)
     with db.engine.connect() as conn:
         return {
@@ -179,7 +180,7 @@ def test_recipients_and_reply_to_round_trip(db):
     assert read == multi
 
 
-def suppress(db: Any, *emails: str) -> None:
+def suppress(db: TestDB, *emails: str) -> None:
     for email in emails:
         do(db, suppressions.add(tenant_id="default", email=email, reason="hard_bounce", now=T0))
 

@@ -30,6 +30,7 @@ from mailbag.store import enqueue as enqueue_store
 from mailbag.store.plan import run
 from mailbag.store.schema import message_events, outbox_messages
 
+from conftest import TestDB
 from helpers import T0, message
 
 LEASE = timedelta(seconds=60)
@@ -44,7 +45,7 @@ FINAL_ACTIONS = [
 
 
 class StoreMachine(RuleBasedStateMachine):
-    def __init__(self, db: Any) -> None:
+    def __init__(self, db: TestDB) -> None:
         super().__init__()
         self.db = db
         self.now = T0

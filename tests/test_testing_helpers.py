@@ -23,6 +23,8 @@ from mailbag.domain.delivery import Deferred, Rejected
 from mailbag.settings import Settings
 from mailbag.testing import (
     CaptureProvider,
+    RespondFailed,
+    SentEmail,
     Undelivered,
     capture,
     deliver_all,
@@ -121,11 +123,25 @@ def test_templated_emails_are_rendered_and_a_rolled_back_one_never_leaves(
     assert list(mailbag_outbox) == list(outbox)
 
 
+def receipt_templates(folder: Path) -> Path:
+    """A TEMPLATES_DIR with a `receipt` template the built-in catalog does not have."""
+    for part, content in (
+        ("subject.txt", "Receipt"),
+        ("body.txt", "Paid."),
+        ("body.html", "<p>Paid.</p>"),
+    ):
+        (folder / "receipt").mkdir(exist_ok=True)
+        (folder / "receipt" / part).write_text(content)
+    return folder
+
+
 @pytest.mark.parametrize("db", SERVERS, indirect=True)
-def test_a_message_that_cannot_be_sent_is_named_with_its_reason(db):
+def test_a_message_that_cannot_be_sent_is_named_with_its_reason(db, tmp_path):
+    # The application enqueues with templates the worker does not have: it fails at send.
+    app = settings_for(db, templates_dir=receipt_templates(tmp_path))
     with db.engine.begin() as conn:
         good = mailbag.enqueue(conn, to="ok@example.org", subject="Fine", text="fine").message
-        bad = mailbag.enqueue(conn, to="bad@example.org", template="no-such-template").message
+        bad = mailbag.enqueue(conn, to="bad@example.org", template="receipt", settings=app).message
 
     with pytest.raises(Undelivered) as raised:
         deliver_all(db.engine, settings=settings_for(db))
@@ -134,8 +150,8 @@ def test_a_message_that_cannot_be_sent_is_named_with_its_reason(db):
     assert failure.message_id == bad.id
     assert failure.to == "bad@example.org"
     assert failure.status == "failed"
-    assert "no-such-template" in (failure.error or "")
-    assert str(bad.id) in str(raised.value) and "no-such-template" in str(raised.value)
+    assert "unknown template 'receipt'" in (failure.error or "")
+    assert str(bad.id) in str(raised.value) and "receipt" in str(raised.value)
     # What could be sent was sent, and is in the exception too.
     assert [email.message_id for email in raised.value.outbox] == [good.id]
     assert get(db, good.id).status == mailbag.Status.SENT
@@ -148,9 +164,10 @@ def test_the_provider_can_be_told_to_refuse_or_defer(db):
             mailbag.enqueue(conn, to=to, subject="Hi", text="hi")
 
     def respond(email):
-        if email.to_email == "refused@example.org":
+        assert isinstance(email, SentEmail)  # what deliver_all returns, as documented
+        if email.to == ["refused@example.org"]:
             return Rejected("550 no such user")
-        if email.to_email == "later@example.org":
+        if email.to == ["later@example.org"]:
             return Deferred("421 try again later")
         return None
 
@@ -168,6 +185,56 @@ def test_the_provider_can_be_told_to_refuse_or_defer(db):
     later = datetime.now(UTC) + timedelta(hours=1)
     retried = deliver_all(db.engine, settings=settings, at=later, check=False)
     assert [email.to for email in retried] == [["later@example.org"]]
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_respond_is_given_what_the_docs_say_a_sent_email_with_its_fields(db):
+    with db.engine.begin() as conn:
+        full_message(conn)
+    seen = []
+
+    def respond(email):
+        seen.append((email.to, email.cc, email.subject, [a.filename for a in email.attachments]))
+        return Rejected("552 too big") if email.attachments else None
+
+    with pytest.raises(Undelivered):
+        deliver_all(db.engine, settings=settings_for(db), respond=respond)
+    assert seen == [
+        (
+            ["ann@example.org", "bob@example.org"],
+            ["carol@example.org"],
+            "Your invoice",
+            ["Rechnung März.pdf", "logo.png"],
+        )
+    ]
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"], indirect=True)
+def test_a_respond_that_raises_fails_the_run_with_its_own_exception(db):
+    with db.engine.begin() as conn:
+        first = mailbag.enqueue(conn, to="ada@example.org", subject="One", text="1").message
+        second = mailbag.enqueue(conn, to="bob@example.org", subject="Two", text="2").message
+
+    def respond(email):
+        return {"ada@example.org": None}[email.to[0]]  # a bug in the test: KeyError for bob
+
+    with pytest.raises(RespondFailed) as raised:
+        deliver_all(db.engine, settings=settings_for(db), respond=respond)
+    failed = raised.value
+    assert isinstance(failed.__cause__, KeyError) and failed.__cause__.args == ("bob@example.org",)
+    assert failed.email.message_id == second.id
+    assert str(second.id) in str(failed) and "bob@example.org" in str(failed)
+    # Neither message became unknown: one was sent, the other is deferred for a retry.
+    assert get(db, first.id).status == mailbag.Status.SENT
+    assert get(db, second.id).status == mailbag.Status.RETRYING
+
+    # A broken test is never a result to look at, check=False or not.
+    later = datetime.now(UTC) + timedelta(days=2)
+    with pytest.raises(RespondFailed):
+        deliver_all(db.engine, settings=settings_for(db), respond=respond, at=later, check=False)
+    assert get(db, second.id).status == mailbag.Status.RETRYING
+    (again,) = deliver_all(db.engine, settings=settings_for(db), at=later + timedelta(days=2))
+    assert again.message_id == second.id
 
 
 @pytest.mark.parametrize("db", ["sqlite"], indirect=True)
@@ -259,12 +326,12 @@ async def test_provider_capture_is_registered_for_a_worker_built_from_settings(d
     assert len(inner) == 1  # closed captures record nothing more
 
 
-# --- the README's example, run as a user would run it ---------------------------------------
+# --- the documented example (docs/testing.md), run as a user would run it ---------------------
 
 
 def readme_example() -> str:
-    """The README's example test, as a user copies it."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    """docs/testing.md's example test, as a user copies it."""
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "testing.md").read_text()
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "deliver_all(" in b]
     return block
 

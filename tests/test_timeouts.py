@@ -27,6 +27,7 @@ from mailbag.worker import Worker, WorkerConfig
 from tcp_proxy import TcpProxy
 from test_worker import FAST_RETRY, enqueue
 
+from conftest import TestDB
 from helpers import status_counts
 from memory_provider import MemoryProvider
 
@@ -79,7 +80,7 @@ async def test_the_api_answers_503_within_its_timeout_during_a_partition_then_re
 
 
 @contextlib.asynccontextmanager
-async def worker_behind(proxy: TcpProxy, db: Any, provider: Any) -> AsyncIterator[Any]:
+async def worker_behind(proxy: TcpProxy, db: TestDB, provider: Any) -> AsyncIterator[Any]:
     """A worker as `mailbag worker` builds it, on a database behind the proxy; running."""
     settings = settings_for(db, database_url=proxy.url(db.url), database_timeout_seconds=TIMEOUT)
     engine = runtime.worker_engine(settings)

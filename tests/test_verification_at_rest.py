@@ -26,6 +26,7 @@ from mailbag.settings import Settings
 from mailbag.worker import WorkerConfig
 from verification_helpers import deliver, request, resend, token_in, tokens
 
+from conftest import TestDB
 from helpers import enqueue
 
 REDIRECT = "https://app.example.com/verify?step=2"
@@ -39,7 +40,7 @@ def as_text(value: Any) -> str:
     return str(value)
 
 
-def dump(db: Any) -> str:
+def dump(db: TestDB) -> str:
     """Every row of every table the database has (found by reflection, not our schema)."""
     tables = MetaData()
     tables.reflect(db.engine)
@@ -51,7 +52,7 @@ def dump(db: Any) -> str:
     return "\n".join(lines)
 
 
-def raw_files(db: Any) -> bytes:
+def raw_files(db: TestDB) -> bytes:
     """For SQLite, the database's own bytes too (the file and its write-ahead log)."""
     if db.dialect != "sqlite":
         return b""

@@ -27,11 +27,13 @@ from mailbag.store.session import AsyncSession
 from servers import free_port, mailbag_env, start_mailbag, stop, wait_until_up
 from verification_helpers import deliver, request, resend, token_in, tokens
 
+from conftest import TestDB
+
 RESENDS = 10
 PER_ADDRESS = 5  # the default limit: the request spends one, four are left
 
 
-def stored(db: Any, verification_id: str) -> tuple[int, str, list[str]]:
+def stored(db: TestDB, verification_id: str) -> tuple[int, str, list[str]]:
     """(send count, stored digest, the statuses of its emails in send order)."""
     with db.engine.connect() as conn:
         row = conn.execute(
@@ -48,7 +50,7 @@ def stored(db: Any, verification_id: str) -> tuple[int, str, list[str]]:
 
 
 async def check_newest_confirms(
-    db: Any, async_engine: Any, api: Any, verification_id: str, sends: int
+    db: TestDB, async_engine: Any, api: Any, verification_id: str, sends: int
 ) -> None:
     """The worker sends only the newest email; its code confirms, no older code does."""
     provider = await deliver(db, async_engine)
@@ -65,7 +67,7 @@ async def check_newest_confirms(
 
 
 def check_one_rotation_per_accepted_resend(
-    db: Any, verification_id: str, statuses: list[int]
+    db: TestDB, verification_id: str, statuses: list[int]
 ) -> int:
     accepted = statuses.count(200)
     assert accepted == PER_ADDRESS - 1, statuses
@@ -105,7 +107,7 @@ async def test_concurrent_requests_keep_the_tenant_limit(db):
         assert conn.execute(select(func.count()).select_from(verification_sends)).scalar() == 3
 
 
-def fail_verification(db: Any, verification_id: str) -> None:
+def fail_verification(db: TestDB, verification_id: str) -> None:
     """As if its email had failed: the verification no longer holds its address."""
     with db.engine.begin() as conn:
         conn.execute(

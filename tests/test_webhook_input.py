@@ -14,6 +14,7 @@ from sqlalchemy import select
 from api_helpers import api_client
 from mailbag.store.schema import provider_events
 
+from conftest import TestDB
 from sns_signing import SnsSigner, notification, shared_signer, sns_time
 
 SECRETS = {"brevo_webhook_secret": "brevo-secret", "ses_webhook_secret": "ses-secret"}
@@ -42,7 +43,7 @@ def post_brevo(api: Any, body: str | bytes) -> Any:
     )
 
 
-def stored(db: Any) -> list[Any]:
+def stored(db: TestDB) -> list[Any]:
     with db.engine.connect() as conn:
         return list(conn.execute(select(provider_events).order_by(provider_events.c.id)).all())
 

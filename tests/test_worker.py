@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,11 +16,13 @@ from prometheus_client import REGISTRY
 from sqlalchemy import event
 
 from mailbag import providers
+from mailbag.domain.breaker import Breaker
 from mailbag.domain.content import Attachment
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected
 from mailbag.domain.message import new_message
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.states import Status
+from mailbag.services import intake
 from mailbag.services import outbox as outbox_service
 from mailbag.settings import Settings
 from mailbag.store import dispatch as store
@@ -29,19 +32,22 @@ from mailbag.templates import builtin
 from mailbag.worker import PeriodicJob, Worker, WorkerConfig, WorkerFailed
 from mailbag.worker.database import Claimed
 
+from conftest import TestDB
 from helpers import events, get, run_worker_until, status_counts
 from memory_provider import MemoryProvider
 
 FAST_RETRY = RetryPolicy(
     max_attempts=3, base=timedelta(milliseconds=20), cap=timedelta(milliseconds=50)
 )
+# A failing provider is left alone for 50 ms, not the 30 s of the default.
+FAST_BREAKER = Breaker(base=timedelta(milliseconds=50), cap=timedelta(milliseconds=200))
 
 
-def enqueue(db: Any, n: int, **fields: Any) -> list[Any]:
+def enqueue(db: TestDB, n: int, **fields: Any) -> list[Any]:
     fields.setdefault("template", "welcome")
     fields.setdefault("data", {"name": "Ada"})
     with db.engine.begin() as conn:
-        results = outbox_service.enqueue_many(
+        results = outbox_service.write_many(
             conn,
             [new_message(to=f"user{i}@example.com", **fields) for i in range(n)],
             max_attempts=FAST_RETRY.max_attempts,
@@ -49,17 +55,18 @@ def enqueue(db: Any, n: int, **fields: Any) -> list[Any]:
     return [r.message.id for r in results]
 
 
-def make_worker(db: Any, async_engine: Any, provider: Any, **config: Any) -> Worker:
+def make_worker(db: TestDB, async_engine: Any, provider: Any, **config: Any) -> Worker:
     config.setdefault("worker_id", "test-worker")
     config.setdefault("poll_interval", 0.05)
     config.setdefault("policy", FAST_RETRY)
     config.setdefault("sweep_every", 0.05)
+    config.setdefault("provider_breaker", FAST_BREAKER)
     return Worker(
         engine=async_engine, provider=provider, catalog=builtin(), config=WorkerConfig(**config)
     )
 
 
-def all_in(db: Any, *wanted: Status, total: int) -> Callable[[], bool]:
+def all_in(db: TestDB, *wanted: Status, total: int) -> Callable[[], bool]:
     return lambda: sum(status_counts(db).get(s.value, 0) for s in wanted) == total
 
 
@@ -109,6 +116,59 @@ async def test_transient_failures_retry_with_backoff_then_succeed(db, async_engi
     assert (row.attempt_count, row.last_error) == (3, None)
     assert [e.detail for e in events(db, mid) if e.to_status == "retrying"] == ["451 try later"] * 2
     assert [e.attempt for e in provider.sent] == [1, 2, 3]
+
+
+async def test_a_provider_outage_longer_than_the_retry_budget_dead_letters_nothing(
+    db, async_engine
+):
+    # By the policy's own numbers an outage spent every message's attempts: all of them
+    # were dead within seconds of a refused port (3 attempts, 20 to 50 ms apart).
+    ids = enqueue(db, 8)
+    down = Deferred("connection refused", provider_fault=True)
+    up_at = time.monotonic() + 1.5  # thirty times the budget's whole span
+    provider = MemoryProvider(
+        lambda email, nth: down if time.monotonic() < up_at else Accepted("ok")
+    )
+    worker = make_worker(db, async_engine, provider)
+    await run_worker_until(worker, all_in(db, Status.SENT, total=8), timeout=30)
+    refused = 0
+    for mid in ids:
+        row = get(db, mid)
+        # Refused for as long as the outage lasted, then one attempt that went through.
+        assert (row.status, row.attempt_count) == ("sent", 1)
+        refused += provider.calls[mid] - 1
+        waits = [
+            e for e in events(db, mid) if e.from_status == "processing" and e.to_status != "sent"
+        ]
+        assert {e.detail for e in waits} <= {
+            f"{why} (waits for its provider; no attempt spent)"
+            for why in (
+                "connection refused",
+                "no provider of its route is available: memory failing (connection refused)",
+                "no provider of its route is available: memory probing",
+            )
+        }
+    # The breaker left it alone: five refusals open it, then one probe at a time, each wait
+    # doubling from 50 ms to 200 ms; without it the 8 messages retried every 20 to 50 ms.
+    assert 5 <= refused <= 5 + 1.5 / 0.05
+
+
+async def test_a_message_waits_for_its_provider_no_longer_than_the_queue_lifetime(db, async_engine):
+    (mid,) = enqueue(db, 1)
+    down = Deferred("connection refused", provider_fault=True)
+    provider = MemoryProvider(lambda email, nth: down)
+    worker = make_worker(db, async_engine, provider, queue_lifetime=timedelta(seconds=1))
+    await run_worker_until(worker, all_in(db, Status.DEAD, total=1), timeout=30)
+    row = get(db, mid)
+    # Waiting spent none of its attempts (3): it died of age, its last refusal counted.
+    assert row.attempt_count == 1
+    # It died at a refusal, or waiting behind the breaker those refusals opened: either
+    # way the refusal and the lifetime are named.
+    lifetime = " (in the queue longer than QUEUE_LIFETIME, 0.000277778 h)"
+    assert row.last_error in {
+        f"connection refused{lifetime}",
+        f"no provider of its route is available: memory failing (connection refused){lifetime}",
+    }
 
 
 async def test_a_spent_budget_ends_in_the_dead_letter(db, async_engine):
@@ -382,9 +442,7 @@ async def test_an_enqueue_in_this_process_wakes_the_worker_at_commit(db, async_e
     task = asyncio.create_task(worker.run(stop))
     await asyncio.sleep(0.3)  # idle now, asleep until the poll 30 s away
     async with async_engine.begin() as conn:
-        await outbox_service.enqueue_async(
-            conn, to="a@example.com", template="welcome", data={"name": "A"}
-        )
+        await intake.enqueue_async(conn, to="a@example.com", template="welcome", data={"name": "A"})
     for _ in range(100):
         if provider.sent:
             break
@@ -473,21 +531,62 @@ async def test_a_finalizer_that_cannot_write_leaves_its_sends_to_the_sweep_not_t
     assert {e.message_id for e in successor.sent} == set(ids) - held
 
 
-@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
-async def test_any_dead_helper_stops_the_worker_a_periodic_job_too(db, async_engine):
-    async def broken(now: datetime) -> Any:
-        raise ValueError("a bug in the job")
+async def test_a_periodic_job_that_fails_any_way_never_stops_mail(db, async_engine, monkeypatch):
+    # A bug in one optional part (a periodic job) once stopped the worker, and all mail.
+    from mailbag.worker import supervisor
 
+    monkeypatch.setattr(supervisor, "RESTART_BACKOFF", (0.05, 0.1))
+    kinds = [ValueError("a bug"), UnicodeError("idna"), KeyError("k"), RuntimeError("r")]
+    calls: list[datetime] = []
+
+    async def broken(now: datetime) -> Any:
+        calls.append(now)
+        raise kinds[len(calls) % len(kinds)]
+
+    ids = enqueue(db, 30)
+    provider = MemoryProvider(delay=0.01)
     worker = Worker(
         engine=async_engine,
-        provider=MemoryProvider(),
+        provider=provider,
+        catalog=builtin(),
+        config=WorkerConfig(worker_id="w", poll_interval=0.05, batch_size=5, concurrency=5),
+        jobs=[PeriodicJob("reconciled", 0.02, broken)],
+    )
+    failed_before = (
+        REGISTRY.get_sample_value("mailbag_side_task_failures_total", {"task": "reconciled"}) or 0.0
+    )
+    await run_worker_until(
+        worker, lambda: all_in(db, Status.SENT, total=30)() and len(calls) >= 4
+    )  # raises if the worker stopped on its own (WorkerFailed)
+    assert sorted(e.message_id for e in provider.sent) == sorted(ids)
+    failed = REGISTRY.get_sample_value("mailbag_side_task_failures_total", {"task": "reconciled"})
+    assert failed is not None and failed - failed_before >= 4
+    assert worker.side_tasks.failure is None
+
+
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+async def test_a_listener_that_fails_is_restarted_and_mail_keeps_flowing(db, async_engine):
+    starts = 0
+
+    async def broken_listen(url: str, on_notify: Any, log: Any, on_working: Any) -> None:
+        nonlocal starts
+        starts += 1
+        raise RuntimeError("a bug in the listener")
+
+    provider = MemoryProvider()
+    worker = Worker(
+        engine=async_engine,
+        provider=provider,
         catalog=builtin(),
         config=WorkerConfig(worker_id="w", poll_interval=0.05),
-        jobs=[PeriodicJob("reconciled", 0.05, broken)],
+        listen_url=db.url,
     )
-    failure = await run_until_it_fails(worker)
-    assert "reconciled" in str(failure) and isinstance(failure.__cause__, ValueError)
-    assert worker.side_tasks.tasks == {}  # every other helper was stopped too
+    worker.database.listen = broken_listen  # type: ignore[method-assign]
+    ids = enqueue(db, 5)
+    await run_worker_until(
+        worker, lambda: all_in(db, Status.SENT, total=5)() and starts >= 2, timeout=15
+    )
+    assert sorted(e.message_id for e in provider.sent) == sorted(ids)
 
 
 # --- what a message can carry ---------------------------------------------------------

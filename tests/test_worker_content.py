@@ -28,6 +28,7 @@ from mailbag.settings import Settings
 from mailbag.templates import builtin
 from mailbag.worker import Worker, WorkerConfig
 
+from conftest import TestDB
 from helpers import events, get, run_worker_until, status_counts
 from smtp_server import ReceivedMessage, RecordingSMTPServer
 
@@ -77,13 +78,13 @@ def worker(async_engine: Any, provider: SMTPProvider, **config: Any) -> Worker:
     )
 
 
-def enqueue(db: Any, **fields: Any) -> Any:
+def enqueue(db: TestDB, **fields: Any) -> Any:
     """One message through the public Python API, in a transaction of the caller's."""
     with db.engine.begin() as conn:
         return mailbag.enqueue(conn, **fields).message.id
 
 
-def ended(db: Any, *states: Status, total: int) -> Any:
+def ended(db: TestDB, *states: Status, total: int) -> Any:
     return lambda: sum(status_counts(db).get(s.value, 0) for s in states) == total
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import random
 import uuid
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from mailbag.store.message_transitions import Changed, Settled
 from mailbag.templates import builtin
 from mailbag.worker import WorkerConfig, WorkerFailed
 from mailbag.worker.attempt import Sender, chunks
+from mailbag.worker.fleet import Fleet
 from mailbag.worker.leases import LeaseKeeper
 from mailbag.worker.ledger import BACKLOG_FACTOR, Decided, Ledger
 from mailbag.worker.report import Report
@@ -182,7 +184,7 @@ class Recorder:
 
 def sender(provider: MemoryProvider, log: Any = None) -> Sender:
     return Sender(
-        provider,  # type: ignore[arg-type]
+        Fleet.single(provider),
         builtin(),
         WorkerConfig(worker_id="w"),
         lambda: NOW,
@@ -581,6 +583,40 @@ async def test_a_side_task_that_ends_halts_the_worker_and_stop_ends_the_rest():
     await side.stop()
     assert alive.cancelled() and side.tasks == {}
     assert log.events("error") == ["worker_helper_died"]  # stopped on purpose: no more
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [ValueError("a bug"), KeyError("k"), UnicodeError("idna"), TypeError("t"), RecursionError()],
+    ids=lambda exc: type(exc).__name__,
+)
+async def test_an_optional_part_that_fails_any_way_is_counted_and_restarted_with_backoff(
+    monkeypatch, failure
+):
+    from mailbag.worker import supervisor
+
+    monkeypatch.setattr(supervisor, "RESTART_BACKOFF", (0.02, 0.08))
+    log = Log()
+    side = SideTasks(log)
+    runs: list[float] = []
+
+    async def flaky() -> None:
+        runs.append(asyncio.get_running_loop().time())
+        if len(runs) <= 3:
+            raise failure
+        await asyncio.Event().wait()  # the fourth run stays up
+
+    before = REGISTRY.get_sample_value("mailbag_side_task_failures_total", {"task": "flaky"}) or 0
+    side.start_optional("flaky", flaky)
+    await eventually(lambda: len(runs) == 4)
+    assert not side.halted.is_set() and side.failure is None  # the worker goes on
+    assert log.events("error") == ["side_task_failed"] * 3
+    gaps = [later - earlier for earlier, later in itertools.pairwise(runs)]
+    assert gaps[0] >= 0.02 and gaps[1] >= 0.04 and gaps[2] >= 0.08  # doubling, then the cap
+    after = REGISTRY.get_sample_value("mailbag_side_task_failures_total", {"task": "flaky"})
+    assert after == before + 3
+    await side.stop()
+    assert side.tasks == {} and not side.halted.is_set()
 
 
 async def test_side_tasks_stopped_on_purpose_are_no_failure():

@@ -11,6 +11,7 @@ from mailbag.providers.base import Provider
 from mailbag.templates import builtin
 from mailbag.worker import Worker, WorkerConfig
 
+from conftest import TestDB
 from helpers import run_worker_until, status_counts
 from memory_provider import MemoryProvider
 
@@ -31,12 +32,12 @@ def resend(api: Any, verification_id: str, key: str) -> Any:
     )
 
 
-def tokens(db: Any) -> Tokens:
+def tokens(db: TestDB) -> Tokens:
     """What the API and the worker derive tokens with (the tests' shared secret key)."""
     return settings_for(db).verification_tokens
 
 
-async def deliver(db: Any, async_engine: Any, provider: Provider | None = None) -> Any:
+async def deliver(db: TestDB, async_engine: Any, provider: Provider | None = None) -> Any:
     """Run a worker (with the deployment key) until the outbox has nothing left to claim."""
     provider = provider or MemoryProvider()
     worker = Worker(

@@ -6,27 +6,35 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mailbag.domain import InvalidMessage, Message, NewMessage, Status, new_message
     from mailbag.domain.content import Address, Attachment, Limits, Priority
-    from mailbag.domain.message import MessageTooLarge
-    from mailbag.services.outbox import enqueue, enqueue_async, enqueue_many, enqueue_many_async
+    from mailbag.domain.message import (
+        InvalidMessage,
+        Message,
+        MessageTooLarge,
+        NewMessage,
+        new_message,
+    )
+    from mailbag.domain.states import Status
+    from mailbag.services.intake import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 
 # Imported on first use, so `import mailbag.cli` (the command line) starts without SQLAlchemy.
-_EXPORTS = {
+# A name maps to the module it is defined in.
+_EXPORTS: dict[str, str] = {
     "Address": "mailbag.domain.content",
     "Attachment": "mailbag.domain.content",
     "Limits": "mailbag.domain.content",
     "Priority": "mailbag.domain.content",
     "MessageTooLarge": "mailbag.domain.message",
-    "InvalidMessage": "mailbag.domain",
-    "Message": "mailbag.domain",
-    "NewMessage": "mailbag.domain",
-    "Status": "mailbag.domain",
-    "new_message": "mailbag.domain",
-    "enqueue": "mailbag.services.outbox",
-    "enqueue_async": "mailbag.services.outbox",
-    "enqueue_many": "mailbag.services.outbox",
-    "enqueue_many_async": "mailbag.services.outbox",
+    "InvalidMessage": "mailbag.domain.message",
+    "Message": "mailbag.domain.message",
+    "NewMessage": "mailbag.domain.message",
+    "Status": "mailbag.domain.states",
+    "new_message": "mailbag.domain.message",
+    # The doors that check each message under the deployment's rules (services.intake).
+    "enqueue": "mailbag.services.intake",
+    "enqueue_async": "mailbag.services.intake",
+    "enqueue_many": "mailbag.services.intake",
+    "enqueue_many_async": "mailbag.services.intake",
 }
 
 

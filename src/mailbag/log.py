@@ -36,6 +36,9 @@ def configure(level: str = "INFO", *, json: bool = True) -> None:
     _level = logging.getLevelName(level)
     logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per migration is noise
+    # httpx logs every request's URL at INFO, as plain text: a hook receiver's URL may carry
+    # its own token in the query, and mailbag logs what it did itself, as JSON.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     structlog.configure(
         processors=[

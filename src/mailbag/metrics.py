@@ -113,10 +113,27 @@ HOOK_LEASE_EXPIRATIONS = Counter(
     "Event hook deliveries whose lease expired mid-attempt (retried: a receiver may see "
     "them twice, same webhook-id).",
 )
+HOOK_ENDPOINT_PAUSES = Counter(
+    "mailbag_hook_endpoint_pauses_total",
+    "Times a hook endpoint's breaker paused it after failures in a row.",
+)
+SIDE_TASK_FAILURES = Counter(
+    "mailbag_side_task_failures_total",
+    "Failures of a worker's optional parts (hooks, scheduled jobs, ...): each failed its "
+    "own unit of work, and the part went on or restarted; mail was not stopped.",
+    ["task"],
+)
 PROVIDER_RATE_IN_FORCE = Gauge(
     "mailbag_provider_rate_per_second",
     "The fleet's send rate in force as this worker last saw it: PROVIDER_RATE, or lower while "
     "a provider's throttling cools down.",
+    multiprocess_mode="mostrecent",
+)
+PROVIDER_BREAKER_OPEN = Gauge(
+    "mailbag_provider_breaker_open",
+    "1 while a provider's breaker is open as this worker last read the fleet's state (its "
+    "mail goes to the next provider of its route, or waits), else 0.",
+    ["provider"],
     multiprocess_mode="mostrecent",
 )
 SCHEDULER_LEADER = Gauge(
@@ -143,6 +160,21 @@ UNMATCHED_STORED = Gauge(
     "mailbag_unmatched_provider_events_stored",
     f"Stored provider events matched to no message, counted up to {COUNT_CAP} (read at "
     "scrape, cached).",
+    multiprocess_mode="mostrecent",
+)
+# By scope only: a pause's target may be a tenant's id, and a series per target would live
+# on (multiprocess mode) after its pause was lifted. `mailbag pauses` names the targets.
+PAUSES = Gauge(
+    "mailbag_pauses",
+    "Operators' pauses in force, by scope: fleet, provider, tenant (read at scrape, cached).",
+    ["scope"],
+    multiprocess_mode="mostrecent",
+)
+PAUSE_AGE = Gauge(
+    "mailbag_pause_age_seconds",
+    "How long the oldest pause in force of each scope has lasted, 0 with none (read at "
+    "scrape, cached).",
+    ["scope"],
     multiprocess_mode="mostrecent",
 )
 OUTBOX_READ_AT = Gauge(

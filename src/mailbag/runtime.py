@@ -9,10 +9,13 @@ parts need (the worker, providers, logging, uvicorn) is imported where they are 
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import hmac
 import signal
+import socket
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +52,17 @@ def require_key(settings: Settings) -> None:
         settings.key  # noqa: B018 (a cached property: loading it is the point)
     except keys.MissingSecretKey as exc:
         raise CannotStart(str(exc)) from exc
+
+
+def require_providers(settings: Settings) -> None:
+    """Check every `[providers.NAME]` table now, so a worker never starts half configured."""
+    from mailbag.settings import InvalidSettings
+    from mailbag.worker import fleet
+
+    try:
+        fleet.tables(settings)
+    except InvalidSettings as exc:
+        raise CannotStart(f"invalid settings: {exc}") from exc
 
 
 class KeyMismatch(CannotStart):
@@ -157,29 +171,30 @@ def worker_engine(settings: Settings) -> AsyncEngine:
     # No pre-ping: the worker takes every database error as "wait and retry", so a dead
     # pooled connection costs one failed batch (SQLAlchemy then drops it and the pool's
     # others of its age), not a round trip before every claim and finalize.
+    from mailbag.services.hooks import fan_out
+
     return make_async_engine(
         settings.database_url,
         pool_size=4,
         timeout=settings.database_timeout_seconds,
         statement_timeout=settings.database_timeout_seconds,
         pre_ping=False,
+        execution_options=fan_out(settings).options(),
     )
 
 
 def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
-    from mailbag import providers, templates
+    from mailbag import templates
     from mailbag.services.reconciliation import Reconciler
-    from mailbag.worker import PeriodicJob, Worker, WorkerConfig, scheduler
+    from mailbag.worker import PeriodicJob, Worker, WorkerConfig, fleet, scheduler
     from mailbag.worker.hooks import deliverer
     from mailbag.worker.rate import rate_limit
 
-    configure_hooks(settings)
-
     listen_url = settings.session_url if dialect_of(settings.database_url) == "postgresql" else None
-    provider = providers.create(settings.provider, settings)
+    providers = fleet.from_settings(settings)
     reconciler = Reconciler(
         engine,
-        provider=provider,
+        providers=providers.members,
         flag_after=timedelta(minutes=settings.reconcile_flag_after_minutes),
     )
     config = WorkerConfig.from_settings(settings)
@@ -202,20 +217,13 @@ def build_worker(settings: Settings, engine: AsyncEngine) -> Worker:
         jobs.append(PeriodicJob("hooks", settings.poll_interval, hooks.run_once, hooks.aclose))
     return Worker(
         engine=engine,
-        provider=provider,
+        fleet=providers,
         catalog=templates.load(settings.templates_dir),
         config=config,
         listen_url=listen_url,
         jobs=jobs,
         rate_limit=rate_limit(settings),  # PROVIDER_RATE, shared by the fleet
     )
-
-
-def configure_hooks(settings: Settings) -> None:
-    """This process's event hook fan-out: off while HOOKS_KEY is unset (store/hooks.py)."""
-    from mailbag.store import hooks
-
-    hooks.configure(enabled=settings.hooks_enabled, max_attempts=settings.hook_max_attempts)
 
 
 # Collections of the youngest generation every 50,000 allocations instead of 700: a process
@@ -253,7 +261,31 @@ def uvicorn_options(settings: Settings, *, workers: int = 1) -> dict[str, Any]:
         "workers": workers,
         "log_level": "warning",
         "access_log": False,  # mailbag logs each request itself, as JSON
+        "http": ConnectionLimits(
+            header_timeout_seconds=settings.api_header_timeout_seconds,
+            max_header_bytes=settings.api_max_header_bytes,
+            max_connections=settings.api_max_connections,
+        ),
+        "timeout_keep_alive": settings.api_keep_alive_seconds,
     }
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What each connection to the API may take (api/connection_limits.py applies it), and
+    uvicorn's `http=`: called for each new connection, it makes its protocol. It pickles, as
+    `api --workers N` sends it to each worker process, and imports the API's modules only
+    when the server makes its first protocol: an API that cannot be imported then fails
+    inside the server, which says so (_serve_api)."""
+
+    header_timeout_seconds: float
+    max_header_bytes: int
+    max_connections: int
+
+    def __call__(self, **protocol: Any) -> asyncio.Protocol:
+        from mailbag.api.connection_limits import LimitedHttpToolsProtocol
+
+        return LimitedHttpToolsProtocol(**protocol, limits=self)
 
 
 def api_server(settings: Settings) -> Any:
@@ -262,23 +294,18 @@ def api_server(settings: Settings) -> Any:
     return uvicorn.Server(uvicorn.Config(**uvicorn_options(settings), lifespan="on"))
 
 
-async def run_serve(settings: Settings, on_ready: Callable[[], None] | None = None) -> None:
+async def run_serve(settings: Settings, on_ready: Callable[[str], None] | None = None) -> None:
     """API, console and worker in one process and one event loop.
 
-    The worker starts once the API listens, and `on_ready` is called then (never before). If
-    either part cannot start or stops on its own, the other is stopped and ServeFailed says
-    why; a signal stops both gracefully.
+    The worker starts once the API listens, and `on_ready` is called then with the API's
+    URL (never before). If either part cannot start or stops on its own, the other is
+    stopped and ServeFailed says why; a signal stops both gracefully.
     """
     stop = stop_on_signals()
-    server = api_server(settings)
-    api = asyncio.create_task(_serve_api(server, settings), name="mailbag api")
-    while not server.started:
-        if api.done():
-            api.result()  # raises ServeFailed with the reason
-            raise ServeFailed("the API server stopped while starting")
-        await asyncio.sleep(0.02)
+    sock = listen(settings)
+    server, api = await _start_api(settings, sock)
     if on_ready is not None:
-        on_ready()
+        on_ready(url_of(sock))
     worker = asyncio.create_task(_run_worker_task(settings, stop), name="mailbag worker")
     await asyncio.wait({api, worker}, return_when=asyncio.FIRST_COMPLETED)
     requested = stop.is_set()  # a signal, not a failure, ended the first one
@@ -291,13 +318,82 @@ async def run_serve(settings: Settings, on_ready: Callable[[], None] | None = No
         raise ServeFailed("the API server or the worker stopped on its own; both are stopped")
 
 
-async def _serve_api(server: Any, settings: Settings) -> None:
-    """uvicorn reports a failed start (port in use, app not importable) with sys.exit(1)
-    after logging it; turn that into an error that names the cause."""
+def listen(settings: Settings) -> socket.socket:
+    """The API's socket, bound and listening before any part starts; uvicorn serves on it.
+
+    Bound here, not by uvicorn: a port that is taken (or an address this machine does not
+    have) is then one error, ServeFailed, said once by the command, before the app is
+    built; uvicorn would log it and exit, and the command would say it again."""
+    host, port = settings.api_host, settings.api_port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's backlog
+    except OSError as exc:
+        sock.close()
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            why = "the port is taken (address already in use); choose another with --port"
+        raise ServeFailed(f"the API could not start on {host}:{port}: {why}") from None
+    sock.set_inheritable(True)  # `api --workers N`: each worker process serves on it
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """The API's base URL on a listening socket (its real port when API_PORT is 0)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
+
+
+async def _start_api(settings: Settings, sock: socket.socket) -> tuple[Any, asyncio.Task[None]]:
+    """uvicorn serving the API on `sock` in this event loop, once it has started (the app
+    built, its lifespan run); ServeFailed says why if it could not."""
+    server = api_server(settings)
+    api = asyncio.create_task(_serve_api(server, settings, sock), name="mailbag api")
+    while not server.started:
+        if api.done():
+            api.result()  # raises ServeFailed with the reason
+            raise ServeFailed("the API server stopped while starting")
+        await asyncio.sleep(0.02)
+    return server, api
+
+
+def run_api(settings: Settings, *, workers: int, on_ready: Callable[[str], None]) -> None:
+    """`mailbag api`: the API alone, until SIGTERM/SIGINT. `on_ready` gets its URL once it
+    listens: once started in one process; with several, once the socket listens (a
+    connection waits in its backlog until a worker process takes it)."""
+    import contextlib
+
+    import uvicorn
+
+    sock = listen(settings)
+    if workers > 1:
+        from uvicorn.supervisors import Multiprocess
+
+        on_ready(url_of(sock))
+        Multiprocess(uvicorn.Config(**uvicorn_options(settings, workers=workers)), [sock]).run()
+        return
+
+    async def serve() -> None:
+        stop_on_signals()  # uvicorn re-raises the signal that stopped it: caught, exit 0
+        _, api = await _start_api(settings, sock)
+        on_ready(url_of(sock))
+        await api
+
+    loop = uvicorn.Config(**uvicorn_options(settings)).get_loop_factory()  # uvloop if there
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=loop) as runner:
+        runner.run(serve())
+
+
+async def _serve_api(server: Any, settings: Settings, sock: socket.socket) -> None:
+    """uvicorn reports a failed start (the app not importable, its lifespan failing) with
+    sys.exit(1) after logging it; turn that into an error that names the cause."""
     from mailbag import log
 
     try:
-        await server.serve()
+        await server.serve(sockets=[sock])
     except SystemExit as exc:
         cause = exc.__context__
         reason = f": {cause}" if cause is not None else " (see the log above)"
@@ -341,7 +437,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
         try:
             await worker.run(stop)
         finally:
-            await worker.provider.aclose()
+            await worker.fleet.aclose()
             for job in worker.jobs:
                 if job.close is not None:
                     await job.close()

@@ -7,13 +7,23 @@ keys are the setting names in lower case (`database_url = "..."`). The environme
 from __future__ import annotations
 
 import os
+import re
 import socket
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -22,11 +32,17 @@ from pydantic_settings import (
 )
 
 from mailbag import keys
-from mailbag.database_url import dialect_of
-from mailbag.domain.content import BODY_MAX_BYTES, MIB, Limits
-from mailbag.domain.message import AddressRules
+from mailbag.database_url import UnsupportedDatabase, dialect_of
+from mailbag.domain.content import BODY_MAX_BYTES, MIB
 from mailbag.domain.policy import RetryPolicy
+from mailbag.domain.routing import TENANT_ACCOUNT, InvalidRouting, Match, Route, Routing
 from mailbag.domain.verification import TOKEN_PURPOSE, Tokens
+
+if TYPE_CHECKING:
+    from pydantic import ValidationInfo
+
+    from mailbag.domain.breaker import Breaker
+    from mailbag.domain.hooks.urls import Policy as HookUrlPolicy
 
 MIN_ADMIN_PASSWORD_LENGTH = 12
 SECRET_SETTINGS = (
@@ -38,15 +54,50 @@ SECRET_SETTINGS = (
     "metrics_token",
     "smtp_password",
     "brevo_api_key",
+    "postmark_api_key",
+    "postmark_webhook_secret",
+    "resend_api_key",
+    "resend_webhook_secret",
+    "sendgrid_api_key",
+    "mailgun_api_key",
+    "mailgun_webhook_signing_key",
     "hooks_key",
 )
 
 TLSMode = Literal["auto", "starttls", "implicit", "none"]  # SMTP_TLS: see providers/smtp.py
 ProviderName = str  # one of the registered providers: console, file, smtp, ses, brevo, ...
+PROVIDER_TABLE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,49}")  # fits messages.provider
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class MatchTable(BaseModel):
+    """A route's `match`: what it applies to (every key given must fit)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tenant: str | None = None  # a tenant's id
+    tags: list[str] = Field(default_factory=list)  # the message has every one
+    recipient_domain: str | None = None  # every recipient is at this domain
+
+
+class RouteTable(BaseModel):
+    """One `[[routes]]`: its providers (names of `[providers.NAME]` tables, or `tenant`:
+    the message's tenant's own account), tried in this order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    providers: list[str] = Field(min_length=1)
+    match: MatchTable | None = None
+
+    def route(self) -> Route:
+        if self.match is None:
+            return Route(tuple(self.providers))
+        domain = self.match.recipient_domain
+        return Route(
+            tuple(self.providers),
+            Match(self.match.tenant, frozenset(self.match.tags), domain and domain.lower()),
+        )
 
 
 class Settings(BaseSettings):
@@ -63,6 +114,18 @@ class Settings(BaseSettings):
     migrate_url: str | None = None
 
     provider: ProviderName = "file"
+    # Several providers, each a name of your choosing: `[providers.NAME]` tables in
+    # mailbag.toml, or MAILBAG_PROVIDERS as JSON ({"main": {"kind": "postmark", "api_key":
+    # "..."}}). Each has a `kind` (a registered provider) and that kind's settings without
+    # MAILBAG_<KIND>_ (`host` for SMTP_HOST). Set, they replace PROVIDER (docs/providers.md).
+    providers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Which providers a message goes through, in order: `[[routes]]` (MAILBAG_ROUTES as a
+    # JSON list), the first whose `match` fits; one without `match` is the default.
+    routes: list[RouteTable] = Field(default_factory=list)
+    # How long a message may wait in the queue for its providers (an outage, an open
+    # breaker, a pause) before it is dead: Postfix's maximal_queue_lifetime. Waiting spends
+    # none of its attempts. `5d`, `12h`, or seconds.
+    queue_lifetime: timedelta = timedelta(days=5)
     file_dir: Path = Path("mail")
     from_email: str = "mailbag@localhost"
     from_name: str = "mailbag"
@@ -90,6 +153,57 @@ class Settings(BaseSettings):
     brevo_api_key: SecretStr | None = None
     brevo_base_url: str = "https://api.brevo.com"
     brevo_timeout: float = 30.0
+
+    # postmark (providers/postmark.py): the server token, and the message stream it sends on.
+    postmark_api_key: SecretStr | None = None
+    postmark_base_url: str = "https://api.postmarkapp.com"
+    postmark_timeout: float = 30.0
+    postmark_message_stream: str = "outbound"
+    # The password of the webhook URL's userinfo (or X-Mailbag-Webhook-Secret): Postmark
+    # does not sign its webhooks.
+    postmark_webhook_secret: SecretStr | None = None
+
+    # resend (providers/resend.py); RESEND_WEBHOOK_SECRET is the webhook's `whsec_...`
+    # signing secret (Svix, the Standard Webhooks scheme).
+    resend_api_key: SecretStr | None = None
+    resend_base_url: str = "https://api.resend.com"
+    resend_timeout: float = 30.0
+    resend_webhook_secret: SecretStr | None = None
+
+    # sendgrid (providers/sendgrid.py). EU regional subusers: https://api.eu.sendgrid.com.
+    # SENDGRID_WEBHOOK_PUBLIC_KEY is the Signed Event Webhook's verification key (base64 DER
+    # as SendGrid shows it, or PEM): a public key, so not a secret; unset, the webhook is off.
+    sendgrid_api_key: SecretStr | None = None
+    sendgrid_base_url: str = "https://api.sendgrid.com"
+    sendgrid_timeout: float = 30.0
+    sendgrid_webhook_public_key: str | None = None
+
+    # mailgun (providers/mailgun.py): the sending domain, and the region's API (EU:
+    # https://api.eu.mailgun.net). MAILGUN_WEBHOOK_SIGNING_KEY is the account's HTTP webhook
+    # signing key (not the API key).
+    mailgun_api_key: SecretStr | None = None
+    mailgun_base_url: str = "https://api.mailgun.net"
+    mailgun_timeout: float = 30.0
+    mailgun_domain: str | None = None
+    mailgun_webhook_signing_key: SecretStr | None = None
+
+    # faults (providers/faults.py, for tests: mailbag.testing.faults): fails as real providers
+    # do, around FAULTS_INNER. FAULTS_RATES `timeout_after_accept=0.05,throttle=0.1` (of
+    # domain.faults.RATE_NAMES); FAULTS_SCRIPT `throttle,accept,timeout_after_accept`, one
+    # answer per email before the rates; FAULTS_SEED: the same answers every run.
+    faults_rates: str = ""
+    faults_script: str = ""
+    faults_seed: int | None = None
+    faults_inner: ProviderName = "capture"
+    faults_batch_size: int = Field(50, ge=1, le=10_000)
+
+    @field_validator("faults_rates", "faults_script", "faults_inner")
+    @classmethod
+    def _fault_plan(cls, value: str, info: ValidationInfo) -> str:
+        from mailbag.domain import faults
+
+        faults.check_setting(str(info.field_name), value)  # ValueError naming what is wrong
+        return value
 
     lease_seconds: float = Field(120.0, gt=0)
     max_attempts: int = Field(5, ge=1)
@@ -132,6 +246,29 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(8025, ge=0, le=65535)
     api_pool_size: int = Field(20, ge=1, le=500)  # database connections per API process
+    # Shedding hostile load, in each API process (api/connection_limits.py for the
+    # connection, api/intake_limits.py for bodies). A request's line and headers must arrive
+    # within API_HEADER_TIMEOUT_SECONDS of its first byte, or of the connection's start (as
+    # nginx's client_header_timeout), and be at most API_MAX_HEADER_BYTES: else 408 or 431,
+    # and the connection closes.
+    api_header_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+    api_max_header_bytes: int = Field(32 * 1024, ge=1024)
+    # A body may pause at most API_BODY_TIMEOUT_SECONDS between two reads (nginx's
+    # client_body_timeout) and must arrive within that plus its size at
+    # API_BODY_MIN_BYTES_PER_SECOND (Apache's MinRate): else 408. 64 KiB/s gives a body at
+    # the message limit about 6 minutes.
+    api_body_timeout_seconds: float = Field(20.0, gt=0, le=3600)
+    api_body_min_bytes_per_second: int = Field(64 * 1024, ge=1)
+    # Request bodies one process holds at once; one that would go past it is a 503 with
+    # Retry-After. Unset: three bodies at the message limit (about 65 MiB by default).
+    api_body_bytes_in_flight: int | None = Field(None, ge=64 * 1024)
+    # An idle connection between two requests is closed after this long (uvicorn's
+    # timeout_keep_alive). Behind a proxy that reuses connections, set it above the proxy's
+    # own idle timeout, or the proxy may send on a connection just being closed.
+    api_keep_alive_seconds: float = Field(5.0, gt=0, le=3600)
+    # Open connections one process serves; a request on one beyond them is a 503 with
+    # Retry-After, and its connection is closed.
+    api_max_connections: int = Field(512, ge=1)
     idempotency_ttl_hours: float = Field(24.0, gt=0)
     max_body_bytes: int = Field(256 * 1024, ge=1024)  # every request but POST /v1/messages
     # How much one message may carry (domain.content.Limits); POST /v1/messages takes a body
@@ -155,8 +292,30 @@ class Settings(BaseSettings):
     hook_max_attempts: int = Field(8, ge=1, le=100)
     hook_timeout_seconds: float = Field(10.0, gt=0, le=300)  # one POST, connect to last byte
     hook_retry_base_seconds: float = Field(10.0, gt=0)  # then x5 each time, at most 6 hours
-    # Let endpoints use http:// to localhost (tests, local development); never in production.
+    # Let endpoints reach this machine (loopback, and http:// to it): tests and local
+    # development; never in production (domain/hooks/urls.py has the whole rule).
     hook_allow_http_localhost: bool = False
+    # Let endpoints reach private networks (RFC 1918, fc00::/7, 100.64/10) and internal
+    # names (`.internal`, single labels): receivers inside your network. Never loopback,
+    # link-local or cloud metadata addresses.
+    hook_allow_private_networks: bool = False
+    # At most this many deliveries to one endpoint in flight at once (per claim, so a fleet
+    # of N deliverers may briefly hold N times as many): a slow receiver holds only its own.
+    hook_max_in_flight_per_endpoint: int = Field(4, ge=1, le=1000)
+    # After this many failed attempts in a row an endpoint's breaker opens: its deliveries
+    # wait HOOK_BREAKER_SECONDS (doubling while it keeps failing, at most an hour), then
+    # one probe goes; a success closes it. The attempts of the waiting ones are not spent.
+    hook_breaker_failures: int = Field(5, ge=1, le=1000)
+    hook_breaker_seconds: float = Field(30.0, gt=0, le=3600)
+    # After this many sure failures in a row of one provider (unreachable, an error about
+    # itself, disabled) its breaker opens for the whole fleet: its messages go to the next
+    # provider of their route, or wait, no attempt spent, PROVIDER_BREAKER_SECONDS (doubling
+    # while it keeps failing, at most an hour); then one probe goes, and an answer closes it.
+    provider_breaker_failures: int = Field(5, ge=1, le=1000)
+    provider_breaker_seconds: float = Field(30.0, gt=0, le=3600)
+    # DNS servers for the lookups mailbag makes itself (hook receivers' names): a comma
+    # list of host[:port]; empty: the system's resolver.
+    dns_nameservers: str = ""
 
     @field_validator(*SECRET_SETTINGS, mode="before")
     @classmethod
@@ -166,14 +325,44 @@ class Settings(BaseSettings):
             return None
         return value
 
+    # These messages name no value: problems() puts the setting's name before them and never
+    # the input (it is a secret).
     @field_validator("admin_password")
     @classmethod
     def _long_admin_password(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < MIN_ADMIN_PASSWORD_LENGTH:
             raise ValueError(
-                f"ADMIN_PASSWORD must be at least {MIN_ADMIN_PASSWORD_LENGTH} characters "
+                f"must be at least {MIN_ADMIN_PASSWORD_LENGTH} characters "
                 "(unset it to turn the console off)"
             )
+        return value
+
+    @field_validator("queue_lifetime", mode="before")
+    @classmethod
+    def _span(cls, value: object) -> object:
+        from mailbag.domain import spans
+
+        if isinstance(value, str) and value.strip().isdigit():
+            return int(value)  # seconds
+        if isinstance(value, str) and value.strip()[-1:] in spans.UNITS:
+            return spans.parse(value)
+        return value
+
+    @field_validator("dns_nameservers")
+    @classmethod
+    def _dns_servers(cls, value: str) -> str:
+        from mailbag.resolver import nameservers
+
+        nameservers(value)  # raises ValueError naming the entry that is wrong
+        return value
+
+    @field_validator("resend_webhook_secret")
+    @classmethod
+    def _signing_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        from mailbag.domain.hooks.signing import parse_secret
+
+        if value is not None:
+            parse_secret(value.get_secret_value())  # ValueError: "whsec_ followed by base64"
         return value
 
     @field_validator("hooks_key")
@@ -181,14 +370,108 @@ class Settings(BaseSettings):
     def _long_hooks_key(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < keys.MIN_LENGTH:
             raise ValueError(
-                f"HOOKS_KEY must be at least {keys.MIN_LENGTH} characters "
-                "(unset it to turn event hooks off)"
+                f"must be at least {keys.MIN_LENGTH} characters (unset it to turn event hooks off)"
             )
         return value
+
+    @field_validator("secret_key")
+    @classmethod
+    def _long_secret_key(cls, value: SecretStr | None) -> SecretStr | None:
+        # Refused when read, as the other secrets are, not first when a command loads the key.
+        if value is not None and len(value.get_secret_value()) < keys.MIN_LENGTH:
+            raise ValueError(f"must be at least {keys.MIN_LENGTH} characters; {keys.GENERATE_HINT}")
+        return value
+
+    @model_validator(mode="after")
+    def _fleet(self) -> Settings:
+        # Every table checked now, so a worker never starts half configured.
+        for name in self.providers:
+            self.provider_table(name)
+        if self.routes and not self.providers:
+            raise ValueError("routes: name [providers.NAME] tables (none are configured)")
+        self.routing  # noqa: B018 (InvalidRouting names the route and key)
+        return self
+
+    def provider_table(self, name: str) -> tuple[str, Settings]:
+        """The kind of `[providers.NAME]` and the settings its provider is built from."""
+        if not PROVIDER_TABLE_NAME.fullmatch(name) or name == TENANT_ACCOUNT:
+            raise ValueError(
+                f"providers.{name[:60]}: a provider's name is 1 to 50 of a-z, 0-9, _ and -"
+                f" (and not {TENANT_ACCOUNT!r}, which routes use for a tenant's own account)"
+            )
+        table = dict(self.providers[name])
+        kind = table.pop("kind", None)
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"providers.{name}.kind: missing (a registered provider's name)")
+        return kind, self.for_provider(kind, table, where=f"providers.{name}")
+
+    def for_provider(
+        self, kind: str, table: Mapping[str, object], *, where: str = "providers"
+    ) -> Settings:
+        """These settings with `table`'s (a kind's settings without MAILBAG_<KIND>_: `host`
+        for SMTP_HOST) in place, checked as if they had been set: InvalidSettings names
+        `where`.KEY and what is wrong, never the value."""
+        prefix = f"{kind}_"
+        fields = type(self).model_fields
+        known = sorted(f.removeprefix(prefix) for f in fields if f.startswith(prefix))
+        unknown = sorted(set(table) - set(known))
+        if unknown:
+            raise InvalidSettings(
+                f"{where}.{unknown[0][:60]}: not a setting of {kind}"
+                f" (its settings: {', '.join(known) or 'none'})"
+            )
+        # A copy that is one provider's deployment, each of the table's values validated as
+        # its setting would be (constraints, validators) by pydantic's assignment check.
+        alone = self.model_copy(update={"provider": kind, "providers": {}, "routes": []})
+        try:
+            for key, value in table.items():
+                type(self).__pydantic_validator__.validate_assignment(alone, prefix + key, value)
+        except ValidationError as exc:
+            raise InvalidSettings(
+                problems(exc, named=lambda path: f"{where}.{path.removeprefix(prefix)}")
+            ) from None
+        return alone
+
+    @property
+    def routing(self) -> Routing:
+        """Which providers each message may go through (domain/routing.py)."""
+        if not self.providers:
+            return Routing.single(self.provider)
+        try:
+            return Routing.of([r.route() for r in self.routes], self.providers)
+        except InvalidRouting as exc:
+            raise ValueError(str(exc)) from None
 
     @property
     def hooks_enabled(self) -> bool:
         return self.hooks_key is not None
+
+    @property
+    def hook_breaker(self) -> Breaker:
+        from mailbag.domain.breaker import Breaker
+
+        return Breaker(
+            failures=self.hook_breaker_failures, base=timedelta(seconds=self.hook_breaker_seconds)
+        )
+
+    @property
+    def provider_breaker(self) -> Breaker:
+        from mailbag.domain.breaker import Breaker
+
+        return Breaker(
+            failures=self.provider_breaker_failures,
+            base=timedelta(seconds=self.provider_breaker_seconds),
+        )
+
+    @property
+    def hook_url_policy(self) -> HookUrlPolicy:
+        """What hook URLs may reach beyond the public internet (domain/hooks/urls.py)."""
+        from mailbag.domain.hooks.urls import Policy  # httpx: not for every command's start
+
+        return Policy(
+            allow_loopback=self.hook_allow_http_localhost,
+            allow_private=self.hook_allow_private_networks,
+        )
 
     @cached_property
     def hook_retry_policy(self) -> RetryPolicy:
@@ -223,7 +506,15 @@ class Settings(BaseSettings):
     @classmethod
     def _known_database(cls, value: str | None) -> str | None:
         if value is not None:
-            dialect_of(value)  # raises UnsupportedDatabase with a clear message
+            try:
+                dialect_of(value)
+            except UnsupportedDatabase:  # its message names the scheme only
+                raise
+            except Exception:  # SQLAlchemy's parse errors may quote the URL, password and all
+                raise ValueError(
+                    "is not a database URL: use sqlite:///PATH, "
+                    "postgresql://USER:PASSWORD@HOST:PORT/NAME or mysql://USER:PASSWORD@HOST/NAME"
+                ) from None
         return value
 
     @property
@@ -236,21 +527,6 @@ class Settings(BaseSettings):
     def schema_url(self) -> str:
         """Where schema changes run: MIGRATE_URL, else DATABASE_URL."""
         return self.migrate_url or self.database_url
-
-    @cached_property
-    def address_rules(self) -> AddressRules:
-        """The addresses enqueue accepts: ALLOW_TEST_DOMAINS and the provider decide."""
-        from mailbag.providers.base import address_rules
-
-        return address_rules(self)
-
-    @cached_property
-    def limits(self) -> Limits:
-        """How much one message may carry: these settings and what the provider cannot
-        carry. The API and the CLI pass them to new_message."""
-        from mailbag.providers.base import message_limits
-
-        return message_limits(self)
 
     @property
     def message_body_bytes(self) -> int:
@@ -294,3 +570,35 @@ class Settings(BaseSettings):
             env_settings,
             TomlConfigSettingsSource(settings_cls, toml_file=toml_file),
         )
+
+
+class InvalidSettings(ValueError):
+    """Settings that cannot be read. The message names each bad setting and what is wrong
+    with it, never the value given: that may be a secret (a key, a password, a URL with one)."""
+
+
+def read_settings(**overrides: Any) -> Settings:
+    """The settings (the environment, the TOML file; `overrides` first); InvalidSettings if
+    any is wrong. Every entry point reads them here, so none shows a value in its error."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise InvalidSettings(problems(exc)) from None
+    except ValueError as exc:  # an unreadable TOML file (line and column, never its text)
+        raise InvalidSettings(f"{type(exc).__name__}: {exc}") from None
+
+
+def problems(exc: ValidationError, *, named: Callable[[str], str] | None = None) -> str:
+    """Each problem as `name (MAILBAG_NAME): what is wrong` (`named`: how else to name the
+    setting at a path): pydantic's own text carries the input (`input_value='...'`), left
+    out here."""
+    found = []
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        message = error["msg"].removeprefix("Value error, ")
+        if not error["loc"]:
+            found.append(message)
+            continue
+        path = ".".join(str(part) for part in error["loc"])
+        label = named(path) if named else f"{path} (MAILBAG_{str(error['loc'][0]).upper()})"
+        found.append(f"{label}: {message}")
+    return "; ".join(found)

@@ -15,10 +15,18 @@ in-memory provider until nothing is due, and look at what would have been sent:
   state changes, retries as configured) with the `capture` provider, until no message is
   due or in flight; returns the emails it captured (an `Outbox`, a list of `SentEmail`).
   A message it attempted that did not end `sent` raises `Undelivered` (check=False: it
-  does not), saying which and why.
+  does not), saying which and why. `respond=` answers for the provider: it is given each
+  `SentEmail` before it is recorded; if it raises, the run ends in `RespondFailed`.
 - `capture()` (a context manager) and the pytest fixture `mailbag_outbox` (import it into
   your conftest.py): every email captured while inside, like Django's `mail.outbox`.
 - `migrate(engine)`: create or upgrade mailbag's tables in a test database.
+- `faults(rates=..., script=..., seed=...)`: a provider that fails as real ones do
+  (timeouts after acceptance, 429s, 5xx, refused connections, partial batches) around
+  capture. `deliver_all(engine, provider=it)` sends through it; `reconcile(engine, it)`
+  settles `unknown` messages by its records, as the worker's reconciliation does;
+  `ingest_events(engine, it.events(duplicate=0.2, shuffle=True))` takes in what its
+  webhook would have said, through the webhooks' own door. A worker process gets it with
+  MAILBAG_PROVIDER=faults (MAILBAG_FAULTS_RATES, _SCRIPT, _SEED).
 """
 
 from __future__ import annotations
@@ -26,10 +34,10 @@ from __future__ import annotations
 import asyncio
 import secrets
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
-from typing import TYPE_CHECKING
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import SecretStr
 from sqlalchemy import Engine, and_, or_, select
@@ -37,8 +45,14 @@ from sqlalchemy.engine import URL, make_url
 
 from mailbag import keys, runtime, templates
 from mailbag.clock import Clock, utcnow
+from mailbag.domain.delivery import Deferred, SendOutcome
+from mailbag.domain.events import ProviderEvent
 from mailbag.domain.states import CLAIMABLE, Status
-from mailbag.providers.memory import CaptureProvider, Outbox, Respond, SentEmail, capture
+from mailbag.providers.base import Provider
+from mailbag.providers.faults import FaultProvider
+from mailbag.providers.memory import CaptureProvider, Outbox, SentEmail, capture
+from mailbag.services.hooks import fan_out as hook_fan_out
+from mailbag.services.reconciliation import Reconciler, ingest
 from mailbag.settings import Settings
 from mailbag.store import migrate as _migrate
 from mailbag.store.database import READ_ONLY, dialect_of, make_async_engine, make_engine
@@ -49,20 +63,40 @@ from mailbag.worker import Worker, WorkerConfig
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+    from mailbag.compose import OutgoingEmail
+
 __all__ = [
     "CaptureProvider",
     "Failure",
+    "FaultProvider",
     "Outbox",
+    "Respond",
+    "RespondFailed",
     "SentEmail",
     "Undelivered",
     "capture",
     "deliver_all",
     "deliver_all_async",
+    "faults",
+    "ingest_events",
+    "ingest_events_async",
     "mailbag_outbox",
     "migrate",
+    "reconcile",
+    "reconcile_async",
 ]
 
 POLL_SECONDS = 0.02
+
+# What `respond=` is: given each email as a SentEmail (what deliver_all returns), it answers
+# for the provider (Rejected, Deferred, ... from mailbag.domain.delivery); None accepts.
+Respond = Callable[[SentEmail], SendOutcome | None]
+
+# `faults(rates="throttle=0.1,server_error=0.05", seed=1)`, or `script="throttle,accept"`:
+# providers/faults.py says what each fault answers.
+faults = FaultProvider
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -76,6 +110,20 @@ class Failure:
 
     def __str__(self) -> str:
         return f"{self.message_id} to {self.to}: {self.status} ({self.error or 'no error given'})"
+
+
+class RespondFailed(AssertionError):
+    """The test's `respond` callable raised: the exception it raised is the cause. The
+    email it was answering for is deferred (`retrying`, or `dead` on its last attempt), never
+    sent nor `unknown`."""
+
+    def __init__(self, email: SentEmail, count: int) -> None:
+        self.email, self.count = email, count
+        more = f" (and for {count - 1} other email(s))" if count > 1 else ""
+        super().__init__(
+            f"respond= raised while answering for the email {email.message_id} to "
+            f"{', '.join(email.recipients)}{more}: see the exception above"
+        )
 
 
 class Undelivered(AssertionError):
@@ -103,6 +151,7 @@ def deliver_all(
     settings: Settings | None = None,
     at: datetime | None = None,
     respond: Respond | None = None,
+    provider: Provider | None = None,
     timeout: float = 30.0,
     check: bool = True,
 ) -> Outbox:
@@ -112,19 +161,23 @@ def deliver_all(
     `database`: an engine or URL (default: `settings.database_url`); `settings`: the
     worker's (default: from the environment, as `mailbag worker` reads them); `at`: run as
     if it were then (a message scheduled for later, or a retry, is due then); `respond`:
-    the provider's answer to an email (return e.g. `Rejected("...")`; None accepts).
-    Raises `Undelivered` when a message it attempted was not sent (unless check=False),
-    TimeoutError when messages are still due after `timeout` seconds."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(
-            deliver_all_async(
-                database, settings=settings, at=at, respond=respond, timeout=timeout, check=check
-            )
-        )
-    raise RuntimeError(
-        "deliver_all was called with an event loop running: use `await deliver_all_async(...)`"
+    the provider's answer to an email, given as a `SentEmail` (return e.g.
+    `Rejected("...")`; None accepts); `provider`: send through this one instead (e.g.
+    `faults(...)`, whose emails taken are captured too). Raises `RespondFailed` (from what
+    it raised) when `respond` raises, whatever `check` says; `Undelivered` when a message
+    it attempted was not sent (unless check=False); TimeoutError when messages are still
+    due after `timeout` seconds."""
+    return _blocking(
+        lambda: deliver_all_async(
+            database,
+            settings=settings,
+            at=at,
+            respond=respond,
+            provider=provider,
+            timeout=timeout,
+            check=check,
+        ),
+        "deliver_all",
     )
 
 
@@ -134,19 +187,24 @@ async def deliver_all_async(
     settings: Settings | None = None,
     at: datetime | None = None,
     respond: Respond | None = None,
+    provider: Provider | None = None,
     timeout: float = 30.0,  # noqa: ASYNC109 (deliver_all's own parameters, alike)
     check: bool = True,
 ) -> Outbox:
     """`deliver_all` for async tests."""
-    settings = _settings_for(database, settings)
-    await asyncio.to_thread(_require_schema, settings)
+    if provider is not None and respond is not None:
+        raise ValueError("respond= answers for the capture provider: give it or provider=")
+    settings = await _ready(database, settings)
     clock: Clock = (lambda: at) if at is not None else utcnow
     worker_id = f"mailbag.testing-{uuid.uuid4().hex[:12]}"
-    engine = make_async_engine(settings.database_url)
+    engine = _engine(settings)
+    raised: list[tuple[SentEmail, Exception]] = []
+    if provider is None:
+        provider = CaptureProvider(_answering(respond, raised) if respond else None)
     try:
         worker = Worker(
             engine=engine,
-            provider=CaptureProvider(respond),
+            provider=provider,
             catalog=templates.load(settings.templates_dir),
             config=_config(settings, worker_id),
             clock=clock,
@@ -156,9 +214,78 @@ async def deliver_all_async(
         failures = await _failures(engine, worker_id)
     finally:
         await engine.dispose()
+    if raised:
+        email, error = raised[0]
+        raise RespondFailed(email, len(raised)) from error
     if check and failures:
         raise Undelivered(failures, outbox)
     return outbox
+
+
+def reconcile(
+    database: Engine | AsyncEngine | URL | str | None,
+    provider: Provider,
+    *,
+    settings: Settings | None = None,
+    at: datetime | None = None,
+) -> dict[str, int]:
+    """One pass of the worker's reconciliation over the `unknown` messages: each is settled
+    by its stored provider events, else by `provider`'s own records (`find_sent`: a
+    `faults` provider finds what it took before it timed out). Returns how many ended
+    each way (`resolved_sent`, `resolved_failed`, `waiting`, `flagged`). Nothing is sent."""
+    return _blocking(
+        lambda: reconcile_async(database, provider, settings=settings, at=at), "reconcile"
+    )
+
+
+async def reconcile_async(
+    database: Engine | AsyncEngine | URL | str | None,
+    provider: Provider,
+    *,
+    settings: Settings | None = None,
+    at: datetime | None = None,
+) -> dict[str, int]:
+    """`reconcile` for async tests."""
+    settings = await _ready(database, settings)
+    flag_after = timedelta(minutes=settings.reconcile_flag_after_minutes)
+    engine = _engine(settings)
+    try:
+        reconciler = Reconciler(engine, providers={provider.name: provider}, flag_after=flag_after)
+        done = await reconciler.run_once(at or utcnow(), message_domain=settings.message_id_host)
+    finally:
+        await engine.dispose()
+    return dict(done)
+
+
+def ingest_events(
+    database: Engine | AsyncEngine | URL | str | None,
+    events: Sequence[ProviderEvent],
+    *,
+    settings: Settings | None = None,
+    at: datetime | None = None,
+) -> dict[str, int]:
+    """Take in provider events (e.g. a `faults` provider's `events()`) as the webhooks do:
+    each stored once, matched to its message, a hard bounce or complaint suppressing its
+    recipient, an `unknown` message settled. Returns the counts (`stored`, `duplicates`,
+    `unmatched`, `resolved`, `suppressed`)."""
+    return _blocking(
+        lambda: ingest_events_async(database, events, settings=settings, at=at), "ingest_events"
+    )
+
+
+async def ingest_events_async(
+    database: Engine | AsyncEngine | URL | str | None,
+    events: Sequence[ProviderEvent],
+    *,
+    settings: Settings | None = None,
+    at: datetime | None = None,
+) -> dict[str, int]:
+    """`ingest_events` for async tests."""
+    engine = _engine(await _ready(database, settings))
+    try:
+        return (await ingest(engine, events, at or utcnow())).as_dict()
+    finally:
+        await engine.dispose()
 
 
 try:
@@ -175,6 +302,42 @@ else:
 
 
 # --- the parts ---------------------------------------------------------------------------
+
+
+def _blocking(run: Callable[[], Coroutine[Any, Any, T]], name: str) -> T:
+    """A helper's sync face: its async twin run to the end, outside any event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run())
+    raise RuntimeError(
+        f"{name} was called with an event loop running: use `await {name}_async(...)`"
+    )
+
+
+def _engine(settings: Settings) -> AsyncEngine:
+    # Events fire event hooks as in production (a message's state change, a bounce).
+    return make_async_engine(
+        settings.database_url, execution_options=hook_fan_out(settings).options()
+    )
+
+
+def _answering(
+    respond: Respond, raised: list[tuple[SentEmail, Exception]]
+) -> Callable[[OutgoingEmail], SendOutcome | None]:
+    """The capture provider's answer: `respond` given the SentEmail. What it raises is kept
+    for deliver_all to raise once the run is over; the email is deferred meanwhile (an
+    exception reaching the worker would make its message `unknown`, and stay silent)."""
+
+    def answer(email: OutgoingEmail) -> SendOutcome | None:
+        sent = SentEmail(email)
+        try:
+            return respond(sent)
+        except Exception as exc:
+            raised.append((sent, exc))
+            return Deferred(f"respond= raised {type(exc).__name__} (mailbag.testing)")
+
+    return answer
 
 
 def _url_of(database: Engine | AsyncEngine | URL | str) -> str:
@@ -204,6 +367,15 @@ def _settings_for(
     if url == base.database_url:
         return base
     return Settings.model_validate({**base.model_dump(), "database_url": url})
+
+
+async def _ready(
+    database: Engine | AsyncEngine | URL | str | None, settings: Settings | None
+) -> Settings:
+    """The settings for `database`, once its schema is known to be current."""
+    settings = _settings_for(database, settings)
+    await asyncio.to_thread(_require_schema, settings)
+    return settings
 
 
 def _require_schema(settings: Settings) -> None:

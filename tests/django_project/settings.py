@@ -26,7 +26,7 @@ DATABASES: dict[str, dict[str, Any]] = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ["MAILBAG_TEST_DJANGO_SQLITE"],
-        # What mailbag's README recommends for SQLite: the write lock taken at BEGIN, so a
+        # What mailbag's docs/django.md recommends for SQLite: the write lock taken at BEGIN, so a
         # transaction that reads and then writes never fails beside a running worker.
         "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
     }

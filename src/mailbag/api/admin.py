@@ -1,6 +1,8 @@
 """`/v1/admin/...`: the console's actions for scripts, with `Authorization: Bearer <ADMIN_TOKEN>`.
 
 Off (404) unless ADMIN_TOKEN is set. Actions are recorded with the actor `operator:api`.
+Every `tenant_id` (query, path or body) takes a tenant's id or its name; one that names no
+tenant is a 404 and changes nothing (services/tenants.py resolves it).
 """
 
 from __future__ import annotations
@@ -9,15 +11,15 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from mailbag import log
 from mailbag.api.deps import NowDep, ServicesDep, bearer
 from mailbag.api.problems import COMMON, documented, not_found, too_many_attempts, unauthorized
 from mailbag.api.schemas import Strict  # no unknown fields, nothing a database refuses
-from mailbag.domain.message import Filter, InvalidMessage
+from mailbag.domain.message import TENANT_ID_MAX, Filter, InvalidMessage
 from mailbag.domain.states import Status
 from mailbag.keys import secret_matches
 from mailbag.services.messages import (
@@ -27,8 +29,11 @@ from mailbag.services.messages import (
     public,
 )
 from mailbag.services.operations import NotAllowed
+from mailbag.services.pauses import REASON_MAX, Pauses, age_seconds
 from mailbag.services.reconciliation import Reconciler
-from mailbag.services.tenants import Senders
+from mailbag.services.tenant_accounts import TenantAccounts
+from mailbag.services.tenants import Senders, resolve_async
+from mailbag.store.fleet_state import Pause, Scope
 from mailbag.store.senders import SenderIdentity
 from mailbag.web import client_address
 
@@ -58,6 +63,21 @@ async def admin(
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(admin)])
 RESPONSES = documented(*COMMON, 404, 429)
 ACTION_RESPONSES = documented(*COMMON, 404, 409, 429)
+TENANT = "A tenant's id or its name (404 if it names none)."
+
+
+async def tenant_query(
+    svc: ServicesDep,
+    tenant_id: Annotated[
+        str | None, Query(max_length=TENANT_ID_MAX, description=f"Only this tenant's. {TENANT}")
+    ] = None,
+) -> str | None:
+    """The id of the tenant a query names; every tenant's when none is named."""
+    return await resolve_async(svc.engine, tenant_id)
+
+
+TenantQuery = Annotated[str | None, Depends(tenant_query)]
+TenantName = Annotated[str, Path(max_length=TENANT_ID_MAX, description=TENANT)]
 
 
 class Resolution(Strict):
@@ -68,7 +88,7 @@ class Resolution(Strict):
 
 class BulkRequeue(Strict):
     status: Status = Status.UNKNOWN
-    tenant_id: str | None = Field(None, max_length=100)
+    tenant_id: str | None = Field(None, max_length=TENANT_ID_MAX, description=TENANT)
     to: str | None = Field(None, max_length=255)
     template: str | None = Field(None, max_length=100)
     created_from: datetime | None = None
@@ -76,7 +96,7 @@ class BulkRequeue(Strict):
 
 
 class SuppressionIn(Strict):
-    tenant_id: str = Field(min_length=1, max_length=100)
+    tenant_id: str = Field(min_length=1, max_length=TENANT_ID_MAX, description=TENANT)
     email: str = Field(max_length=255)
     detail: str | None = Field(None, max_length=2000)
 
@@ -94,8 +114,8 @@ async def stats(svc: ServicesDep, now: NowDep) -> dict[str, Any]:
 @router.get("/messages", responses=RESPONSES)
 async def messages(
     svc: ServicesDep,
+    tenant_id: TenantQuery,
     status: Status | None = None,
-    tenant_id: Annotated[str | None, Query(max_length=100)] = None,
     to: Annotated[str | None, Query(max_length=255)] = None,
     template: Annotated[str | None, Query(max_length=100)] = None,
     created_from: datetime | None = None,
@@ -172,8 +192,9 @@ async def bulk_requeue(body: BulkRequeue, svc: ServicesDep, now: NowDep) -> dict
     """Requeue every unknown (or dead) message a filter matches."""
     if body.status not in (Status.UNKNOWN, Status.DEAD):
         raise InvalidMessage({"status": "only unknown or dead messages can be requeued"})
+    tenant_id = await resolve_async(svc.engine, body.tenant_id)
     where = Filter(
-        body.status, body.tenant_id, body.to, body.template, body.created_from, body.created_to
+        body.status, tenant_id, body.to, body.template, body.created_from, body.created_to
     )
     changed = await svc.operations.requeue(where=where, now=now, actor=ACTOR)
     return {"requeued": len(changed)}
@@ -189,7 +210,7 @@ async def reconcile(svc: ServicesDep, now: NowDep) -> dict[str, int]:
 @router.get("/suppressions", responses=RESPONSES)
 async def suppressions(
     svc: ServicesDep,
-    tenant_id: Annotated[str | None, Query(max_length=100)] = None,
+    tenant_id: TenantQuery,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> list[dict[str, Any]]:
@@ -208,9 +229,10 @@ async def suppressions(
 
 @router.post("/suppressions", status_code=201, responses=RESPONSES)
 async def add_suppression(body: SuppressionIn, svc: ServicesDep, now: NowDep) -> dict[str, bool]:
+    tenant_id = await resolve_async(svc.engine, body.tenant_id)
     try:
         added = await svc.operations.suppress(
-            tenant_id=body.tenant_id, email=body.email, now=now, detail=body.detail
+            tenant_id=tenant_id, email=body.email, now=now, detail=body.detail
         )
     except ValueError as exc:
         raise InvalidMessage({"email": str(exc)}) from None
@@ -218,9 +240,82 @@ async def add_suppression(body: SuppressionIn, svc: ServicesDep, now: NowDep) ->
 
 
 @router.delete("/suppressions/{tenant_id}/{email}", responses=RESPONSES)
-async def remove_suppression(tenant_id: str, email: str, svc: ServicesDep) -> dict[str, bool]:
-    if not await svc.operations.unsuppress(tenant_id=tenant_id, email=email):
+async def remove_suppression(
+    tenant_id: TenantName,
+    email: str,
+    svc: ServicesDep,
+) -> dict[str, bool]:
+    owner = await resolve_async(svc.engine, tenant_id)
+    if not await svc.operations.unsuppress(tenant_id=owner, email=email):
         raise not_found("no such suppression")
+    return {"removed": True}
+
+
+# --- a tenant's own provider account (services/tenant_accounts.py) ----------------------
+
+AccountValue = str | int | float | bool
+ACCOUNT_RESPONSES = documented(*COMMON, 404, 409, 429)
+
+
+class AccountIn(Strict):
+    kind: str = Field(
+        min_length=1,
+        max_length=100,
+        description="A provider's name: postmark, sendgrid, mailgun, resend, brevo, ses, smtp...",
+        examples=["postmark"],
+    )
+    settings: dict[Annotated[str, Field(max_length=64)], AccountValue] = Field(
+        default_factory=dict,
+        max_length=50,
+        description="That provider's settings without MAILBAG_<KIND>_, as a [providers.NAME] "
+        "table has them (`api_key` for POSTMARK_API_KEY). Stored sealed, never shown again.",
+        examples=[{"api_key": "server-token", "message_stream": "outbound"}],
+    )
+
+
+class AccountOut(BaseModel):
+    tenant_id: str
+    kind: str
+    keys: list[str] = Field(description="Every setting the account sets.")
+    secret_keys: list[str] = Field(description="Those of them whose values are never shown.")
+    settings: dict[str, AccountValue] = Field(description="The values of the others.")
+    created_at: datetime
+    updated_at: datetime
+    updated_by: str = Field(description="Who set it last: operator:api, operator:cli, ...")
+
+
+@router.get("/tenants/{tenant_id}/account", response_model=AccountOut, responses=ACCOUNT_RESPONSES)
+async def account(tenant_id: TenantName, svc: ServicesDep) -> dict[str, Any]:
+    """A tenant's own provider account: its kind and which settings it sets (the values of
+    secrets never). 404 if it has none."""
+    return (await TenantAccounts(svc.engine, svc.settings).show(tenant_id)).as_dict()
+
+
+@router.put(
+    "/tenants/{tenant_id}/account",
+    response_model=AccountOut,
+    responses={
+        201: {"model": AccountOut, "description": "The tenant had no own account."},
+        **ACCOUNT_RESPONSES,
+    },
+)
+async def set_account(
+    tenant_id: TenantName, body: AccountIn, response: Response, svc: ServicesDep, now: NowDep
+) -> dict[str, Any]:
+    """Give a tenant its own provider account, or replace the one it has with exactly this
+    one: routes that name `tenant` send its mail through it. 201 when it had none. A kind
+    or setting the provider has not, or a value it refuses, is a 422 naming the key."""
+    accounts = TenantAccounts(svc.engine, svc.settings)
+    shown, created = await accounts.put(tenant_id, body.kind, body.settings, now=now, actor=ACTOR)
+    if created:
+        response.status_code = 201
+    return shown.as_dict()
+
+
+@router.delete("/tenants/{tenant_id}/account", responses=ACCOUNT_RESPONSES)
+async def remove_account(tenant_id: TenantName, svc: ServicesDep) -> dict[str, bool]:
+    """Take a tenant's own account away (404 if it has none)."""
+    await TenantAccounts(svc.engine, svc.settings).remove(tenant_id)
     return {"removed": True}
 
 
@@ -238,14 +333,14 @@ def _sender(s: SenderIdentity) -> dict[str, Any]:
 
 
 @router.get("/tenants/{tenant_id}/senders", responses=RESPONSES)
-async def senders(tenant_id: str, svc: ServicesDep) -> list[dict[str, Any]]:
+async def senders(tenant_id: TenantName, svc: ServicesDep) -> list[dict[str, Any]]:
     """The addresses a tenant (by id or name) may send from, besides FROM_EMAIL."""
     return [_sender(s) for s in await Senders(svc.engine).listing(tenant_id)]
 
 
 @router.post("/tenants/{tenant_id}/senders", status_code=201, responses=RESPONSES)
 async def add_sender(
-    tenant_id: str, body: SenderIn, svc: ServicesDep, now: NowDep
+    tenant_id: TenantName, body: SenderIn, svc: ServicesDep, now: NowDep
 ) -> dict[str, Any]:
     """Let a tenant send from an address (`from` in its messages). `added` is false when it
     already could."""
@@ -254,8 +349,92 @@ async def add_sender(
 
 
 @router.delete("/tenants/{tenant_id}/senders/{address}", responses=RESPONSES)
-async def remove_sender(tenant_id: str, address: str, svc: ServicesDep) -> dict[str, bool]:
+async def remove_sender(tenant_id: TenantName, address: str, svc: ServicesDep) -> dict[str, bool]:
     """Stop a tenant sending from an address; messages already enqueued keep it."""
     if not await Senders(svc.engine).remove(tenant_id, address):
         raise not_found(f"{address} is not a sender identity of {tenant_id}")
     return {"removed": True}
+
+
+# --- pauses: the fleet, a provider or a tenant (services/pauses.py) ---------------------------
+
+
+class PauseIn(Strict):
+    scope: Scope = Field(description="What to pause: the whole fleet, a provider or a tenant.")
+    target: str | None = Field(
+        None,
+        max_length=200,
+        description="The provider's name or the tenant's id or name; none for the fleet.",
+        examples=["brevo"],
+    )
+    reason: str | None = Field(
+        None, max_length=REASON_MAX, description="Why, for the other operators."
+    )
+
+
+class PauseOut(BaseModel):
+    scope: Scope
+    target: str = Field(description="The provider's name or the tenant's id; '' for the fleet.")
+    paused_at: datetime
+    paused_by: str = Field(description="Who paused it: operator:api, operator:cli, ...")
+    reason: str | None
+    age_seconds: float = Field(description="How long it has lasted.")
+
+
+def _pause(p: Pause, now: datetime) -> PauseOut:
+    return PauseOut(
+        scope=p.scope,
+        target=p.target,
+        paused_at=p.paused_at,
+        paused_by=p.paused_by,
+        reason=p.reason,
+        age_seconds=age_seconds(p, now),
+    )
+
+
+@router.get("/pauses", response_model=list[PauseOut], responses=RESPONSES)
+async def pauses(svc: ServicesDep, now: NowDep) -> list[PauseOut]:
+    """What is paused, oldest first. Workers see each pause within a poll interval."""
+    return [_pause(p, now) for p in await Pauses(svc.engine).listing()]
+
+
+@router.post(
+    "/pauses",
+    status_code=201,
+    response_model=PauseOut,
+    responses={
+        200: {"model": PauseOut, "description": "Paused already: the pause in force, as it was."},
+        **documented(*COMMON, 404, 429),
+    },
+)
+async def pause(body: PauseIn, response: Response, svc: ServicesDep, now: NowDep) -> PauseOut:
+    """Pause sending, fleet-wide or for one provider or tenant: its mail waits, no attempt
+    spent, until it is resumed. 201 for a new pause; 200 with the pause in force when it was
+    paused already."""
+    done = await Pauses(svc.engine).pause(
+        body.scope, body.target, now=now, actor=ACTOR, reason=body.reason
+    )
+    if not done.new:
+        response.status_code = 200
+    return _pause(done.pause, now)
+
+
+async def _resume(svc: ServicesDep, now: datetime, scope: Scope, target: str) -> PauseOut:
+    return _pause(await Pauses(svc.engine).resume(scope, target), now)
+
+
+@router.delete("/pauses/fleet", response_model=PauseOut, responses=RESPONSES)
+async def resume_fleet(svc: ServicesDep, now: NowDep) -> PauseOut:
+    """Resume the whole fleet: the pause that was lifted (404 if it was not paused)."""
+    return await _resume(svc, now, Scope.FLEET, "")
+
+
+@router.delete("/pauses/{scope}/{target}", response_model=PauseOut, responses=RESPONSES)
+async def resume(
+    scope: Scope,
+    target: Annotated[str, Path(max_length=200, description="A provider's name or a tenant's.")],
+    svc: ServicesDep,
+    now: NowDep,
+) -> PauseOut:
+    """Resume a provider or a tenant: the pause that was lifted (404 if it was not paused)."""
+    return await _resume(svc, now, scope, target)

@@ -24,9 +24,9 @@ from pydantic import (
 from pydantic.functional_validators import WrapValidator
 from pydantic_core import PydanticCustomError
 
-from mailbag.api.deps import KeyDep, NowDep, ServicesDep, TenantDep
+from mailbag.api.deps import CallDep
 from mailbag.api.messages import message_from
-from mailbag.api.problems import COMMON, Problem, documented
+from mailbag.api.problems import COMMON, Problem, documented, problem_for
 from mailbag.api.replay import replayed
 from mailbag.api.schemas import MessageCreate, MessageOut, Strict
 from mailbag.domain.message import InvalidMessage
@@ -111,14 +111,7 @@ class BatchOut(BaseModel):
     response_model_by_alias=True,
     responses=documented(*COMMON, 409),
 )
-async def create_batch(
-    body: BatchCreate,
-    svc: ServicesDep,
-    tenant: TenantDep,
-    key: KeyDep,
-    now: NowDep,
-    response: Response,
-) -> Any:
+async def create_batch(body: BatchCreate, call: CallDep, response: Response) -> Any:
     """Put up to 1,000 emails into the outbox in one transaction. The answer (200) has one
     result per item, in order: `created`, `existing` (its `idempotency_key` was taken) or
     `invalid` with the problem POST /v1/messages would answer for it; the valid items are
@@ -127,9 +120,9 @@ async def create_batch(
     items: list[Item] = []
     keys: dict[str, int] = {}  # an item's key -> the first item with it
     for index, given in enumerate(body.messages):
-        items.append(_item(given, index, keys, svc, tenant.id))
-    result = await Batches(svc.engine, svc.settings).create(
-        tenant_id=tenant.id, key=key, items=items, problem=_problem, now=now
+        items.append(_item(given, index, keys, call.svc, call.tenant.id))
+    result = await Batches(call.svc.engine, call.svc.settings).create(
+        tenant_id=call.tenant.id, key=call.key, items=items, problem=_problem, now=call.now
     )
     return replayed(result, response, OPERATION)
 
@@ -154,6 +147,5 @@ def _item(
 
 def _problem(exc: Exception) -> dict[str, Any]:
     """The problem body the API answers `exc` with (the app's one table of them)."""
-    from mailbag.api.app import problem_for  # the app imports this module
 
     return problem_for(exc).body()

@@ -18,23 +18,8 @@ import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mailbag import log
-from mailbag.api.problems import ProblemError
+from mailbag.api.problems import database_unavailable
 from mailbag.store.database import abandon, wait_done
-
-RETRY_AFTER_SECONDS = 5
-
-
-def database_unavailable(error: str) -> ProblemError:
-    """The one answer for a database that is down or too slow, logged."""
-    log.get("mailbag.api").warning("database_unavailable", error=error)
-    return ProblemError(
-        503,
-        "database-unavailable",
-        "Service unavailable",
-        "the database is unreachable; retry shortly",
-        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-    )
 
 
 class DatabaseDeadline:

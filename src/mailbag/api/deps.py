@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated
 
@@ -32,6 +33,14 @@ async def tenant(
     svc: Annotated[Services, Depends(services)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Tenant:
+    found = await tenant_behind(svc, credentials)
+    structlog.contextvars.bind_contextvars(tenant=found.id)
+    return found
+
+
+async def tenant_behind(svc: Services, credentials: HTTPAuthorizationCredentials | None) -> Tenant:
+    """The tenant whose API key the credentials carry, else a 401. The routes ask here, and
+    so does BodyLimit before it reads a large body (api/intake_limits.py)."""
     refused = unauthorized(
         "send `Authorization: Bearer <API key>` with a valid key", 'Bearer realm="mailbag"'
     )
@@ -44,7 +53,6 @@ async def tenant(
         if found is None:
             raise refused
         svc.known_keys.put(key, found)
-    structlog.contextvars.bind_contextvars(tenant=found.id)
     return found
 
 
@@ -82,8 +90,46 @@ async def required_idempotency_key(
     return key
 
 
+@dataclass(frozen=True)
+class Call:
+    """What a tenant's request works with: the services, the tenant behind its key, the
+    time it came, and its Idempotency-Key (None: it gave none)."""
+
+    svc: Services
+    tenant: Tenant
+    now: datetime
+    key: str | None
+
+
+@dataclass(frozen=True)
+class KeyedCall(Call):
+    """A call that must carry an Idempotency-Key (400 otherwise)."""
+
+    key: str
+
+
+async def call(
+    svc: Annotated[Services, Depends(services)],
+    tenant_: Annotated[Tenant, Depends(tenant)],
+    when: Annotated[datetime, Depends(now)],
+    key: Annotated[str | None, Depends(idempotency_key)],
+) -> Call:
+    return Call(svc, tenant_, when, key)
+
+
+async def keyed_call(
+    svc: Annotated[Services, Depends(services)],
+    tenant_: Annotated[Tenant, Depends(tenant)],
+    when: Annotated[datetime, Depends(now)],
+    key: Annotated[str, Depends(required_idempotency_key)],
+) -> KeyedCall:
+    return KeyedCall(svc, tenant_, when, key)
+
+
 ServicesDep = Annotated[Services, Depends(services)]
 TenantDep = Annotated[Tenant, Depends(tenant)]
 NowDep = Annotated[datetime, Depends(now)]
 KeyDep = Annotated[str | None, Depends(idempotency_key)]
 RequiredKeyDep = Annotated[str, Depends(required_idempotency_key)]
+CallDep = Annotated[Call, Depends(call)]
+KeyedCallDep = Annotated[KeyedCall, Depends(keyed_call)]

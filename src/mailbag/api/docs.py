@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import (
@@ -42,29 +44,26 @@ CONTENT_SECURITY_POLICY = "; ".join(
 def install(app: FastAPI) -> None:
     """Add /docs (Swagger UI, with its OAuth2 redirect page) and /redoc (ReDoc) to `app`,
     each pointing only at the app's own URLs."""
-    openapi_url = app.openapi_url
-    if openapi_url is None:  # no schema, nothing to document
+    if app.openapi_url is None:  # no schema, nothing to document
         return
     app.mount(STATIC_URL, StaticFiles(directory=ASSETS), name="docs-static")
     oauth2_redirect_url = app.swagger_ui_oauth2_redirect_url
-
-    @app.get(DOCS_URL, include_in_schema=False)
-    async def swagger_ui(request: Request) -> HTMLResponse:
-        # Behind a proxy that strips a prefix, the browser needs the prefix back.
-        root = request.scope.get("root_path", "")
-        return _confined(
-            get_swagger_ui_html(
-                openapi_url=f"{root}{openapi_url}",
-                title=f"{app.title} - Swagger UI",
-                swagger_js_url=f"{root}{STATIC_URL}/swagger-ui-bundle.js",
-                swagger_css_url=f"{root}{STATIC_URL}/swagger-ui.css",
-                swagger_favicon_url=f"{root}{STATIC_URL}/favicon.png",
-                oauth2_redirect_url=f"{root}{oauth2_redirect_url}" if oauth2_redirect_url else None,
-                init_oauth=app.swagger_ui_init_oauth,
-                # No validator.swagger.io badge: it would send the schema's URL to a third party.
-                swagger_ui_parameters={"validatorUrl": None, **(app.swagger_ui_parameters or {})},
-            )
-        )
+    _page(
+        app,
+        DOCS_URL,
+        "swagger_ui",
+        get_swagger_ui_html,
+        "Swagger UI",
+        {
+            "swagger_js_url": f"{STATIC_URL}/swagger-ui-bundle.js",
+            "swagger_css_url": f"{STATIC_URL}/swagger-ui.css",
+            "swagger_favicon_url": f"{STATIC_URL}/favicon.png",
+            "oauth2_redirect_url": oauth2_redirect_url,
+        },
+        init_oauth=app.swagger_ui_init_oauth,
+        # No validator.swagger.io badge: it would send the schema's URL to a third party.
+        swagger_ui_parameters={"validatorUrl": None, **(app.swagger_ui_parameters or {})},
+    )
 
     if oauth2_redirect_url:
 
@@ -72,20 +71,44 @@ def install(app: FastAPI) -> None:
         async def swagger_ui_oauth2_redirect() -> HTMLResponse:
             return get_swagger_ui_oauth2_redirect_html()
 
-    @app.get(REDOC_URL, include_in_schema=False)
-    async def redoc(request: Request) -> HTMLResponse:
+    _page(
+        app,
+        REDOC_URL,
+        "redoc",
+        get_redoc_html,
+        "ReDoc",
+        {
+            "redoc_js_url": f"{STATIC_URL}/redoc.standalone.js",
+            "redoc_favicon_url": f"{STATIC_URL}/favicon.png",
+        },
+        with_google_fonts=False,  # fonts.googleapis.com is a third party too
+    )
+
+
+def _page(
+    app: FastAPI,
+    path: str,
+    name: str,
+    render: Callable[..., HTMLResponse],
+    kind: str,
+    links: Mapping[str, str | None],
+    **options: Any,
+) -> None:
+    """Serve at `path` (route `name`) the page `render` makes of the app's schema, titled
+    "<app> - <kind>", with `links` (the app's own paths; None for one it has not) and
+    `options` passed on, under CONTENT_SECURITY_POLICY."""
+    openapi_url = app.openapi_url
+
+    @app.get(path, include_in_schema=False, name=name)
+    async def docs_page(request: Request) -> HTMLResponse:
+        # Behind a proxy that strips a prefix, the browser needs the prefix back.
         root = request.scope.get("root_path", "")
-        return _confined(
-            get_redoc_html(
-                openapi_url=f"{root}{openapi_url}",
-                title=f"{app.title} - ReDoc",
-                redoc_js_url=f"{root}{STATIC_URL}/redoc.standalone.js",
-                redoc_favicon_url=f"{root}{STATIC_URL}/favicon.png",
-                with_google_fonts=False,  # fonts.googleapis.com is a third party too
-            )
+        rooted = {key: f"{root}{link}" if link else None for key, link in links.items()}
+        page = render(
+            openapi_url=f"{root}{openapi_url}",
+            title=f"{app.title} - {kind}",
+            **rooted,
+            **options,
         )
-
-
-def _confined(page: HTMLResponse) -> HTMLResponse:
-    page.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
-    return page
+        page.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+        return page

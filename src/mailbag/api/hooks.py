@@ -18,84 +18,40 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from fastapi.routing import APIRoute
+from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mailbag import log
 from mailbag.api.admin import admin
 from mailbag.api.deps import ServicesDep
-from mailbag.api.problems import COMMON, ProblemError, documented, not_found
+from mailbag.api.problems import COMMON, ProblemError, documented
 from mailbag.api.schemas import Strict
 from mailbag.domain.hooks import (
     CLAIMABLE_DELIVERIES,
     DESCRIPTION_MAX,
-    URL_MAX,
     DState,
     HookEvent,
     InvalidHook,
     parse_events,
 )
+from mailbag.domain.hooks.urls import URL_MAX
 from mailbag.domain.message import TENANT_ID_MAX
 from mailbag.services import hooks as hook_service
 from mailbag.services.hooks import DeliveryFilter, Hooks, HooksOff, NewSecret
-from mailbag.services.tenants import tenant_id_of
-from mailbag.store.session import AsyncDatabase
+from mailbag.services.tenants import resolve_async
 
 ACTOR = "operator:api"  # the actor of the history row a replay writes
-
-
-def hooks_off(detail: str | None = None) -> ProblemError:
-    return ProblemError(
-        404,
-        "hooks-off",
-        "Event hooks are off",
-        detail or "set MAILBAG_HOOKS_KEY (32+ characters) to turn event hooks on",
-    )
-
-
-# The service's errors and their answers (a table, as api/app.py's PROBLEMS).
-ANSWERS: dict[type[Exception], Callable[[Any], ProblemError]] = {
-    HooksOff: lambda exc: hooks_off(str(exc)),
-    InvalidHook: lambda exc: ProblemError(
-        422, "invalid-hook", "Invalid hook endpoint", str(exc), errors=exc.errors
-    ),
-    hook_service.UnknownEndpoint: lambda exc: not_found(str(exc)),
-    hook_service.UnknownDelivery: lambda exc: not_found(str(exc)),
-    hook_service.NotReplayable: lambda exc: ProblemError(
-        409, "not-replayable", "Not replayable now", str(exc)
-    ),
-}
-
-
-class HookRoute(APIRoute):
-    """A route whose service errors become their problems (ANSWERS): each route states
-    what it does, not how every error is answered."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handle = super().get_route_handler()
-        known = tuple(ANSWERS)
-
-        async def answered(request: Request) -> Response:
-            try:
-                return await handle(request)
-            except known as exc:
-                kind = next(k for k in type(exc).__mro__ if k in ANSWERS)
-                raise ANSWERS[kind](exc) from None
-
-        return answered
 
 
 async def hooks(svc: ServicesDep) -> Hooks:
     """The service, if hooks are on: checked once here so that a route's body is never
     validated (a 422) for a feature that is off."""
-    if not svc.settings.hooks_enabled:
-        raise hooks_off()
-    return Hooks(svc.engine, svc.settings)
+    if not svc.hooks.enabled:
+        raise HooksOff()
+    return svc.hooks
 
 
 HooksDep = Annotated[Hooks, Depends(hooks)]
@@ -107,8 +63,7 @@ async def tenant_id(
     _: HooksDep,  # first: with hooks off, no tenant is looked up
 ) -> str:
     """The id of the tenant the path names (by id or name); UnknownTenant (404) if none."""
-    async with AsyncDatabase(svc.engine).connect(read_only=True) as session:
-        return await session.run(tenant_id_of(tenant))
+    return await resolve_async(svc.engine, tenant)
 
 
 TenantPath = Annotated[str, Depends(tenant_id)]
@@ -117,7 +72,6 @@ router = APIRouter(
     prefix="/v1/admin/tenants/{tenant}/hooks",
     tags=["event hooks"],
     dependencies=[Depends(admin)],  # the admin token first: hooks-off tells strangers nothing
-    route_class=HookRoute,
 )
 RESPONSES = documented(*COMMON, 404, 429)
 ACTION_RESPONSES = documented(*COMMON, 404, 409, 429)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 
-from mailbag.api.deps import KeyDep, NowDep, ServicesDep, TenantDep
+from mailbag.api.deps import CallDep, KeyDep, NowDep, ServicesDep, TenantDep
 from mailbag.api.problems import COMMON, documented
 from mailbag.api.replay import replayed
 from mailbag.api.schemas import (
@@ -20,21 +20,24 @@ from mailbag.api.schemas import (
     MessageOut,
     MessagePage,
 )
-from mailbag.compose import check_renders
 from mailbag.domain.content import Address, Attachment, Limits, guess_content_type
 from mailbag.domain.message import (
     ANY_ADDRESS,
     InvalidMessage,
     MessageTooLarge,
     NewMessage,
-    new_message,
     normalize_address,
 )
 from mailbag.domain.states import Status
+from mailbag.services import intake
 from mailbag.services.container import Services
 
 router = APIRouter(prefix="/v1/messages", tags=["messages"])
 WHITESPACE = re.compile(r"\s+")
+# A body's fields that new_message takes under the same name and as they are; the others
+# (addresses, the sender, attachments) are converted in message_from.
+CONVERTED = frozenset({"to", "cc", "bcc", "reply_to", "from_", "attachments"})
+AS_GIVEN = tuple(sorted(set(MessageCreate.model_fields) - CONVERTED))
 
 
 @router.post(
@@ -44,60 +47,34 @@ WHITESPACE = re.compile(r"\s+")
     response_model_by_alias=True,
     responses=documented(*COMMON, 409),
 )
-async def create_message(
-    body: MessageCreate,
-    svc: ServicesDep,
-    tenant: TenantDep,
-    key: KeyDep,
-    now: NowDep,
-    response: Response,
-) -> Any:
+async def create_message(body: MessageCreate, call: CallDep, response: Response) -> Any:
     """Put an email into the outbox. With an Idempotency-Key, retries are safe: the same key
     and body replay the first answer (header `Idempotent-Replayed: true`); the same key with
     a different body is a 409. A message over the size limits is a 413 (message-too-large);
     any other invalid field a 422 naming it."""
-    message = message_from(body, svc, tenant_id=tenant.id, key=key)
-    result = await svc.messages.create(key=key, message=message, now=now)
+    message = message_from(body, call.svc, tenant_id=call.tenant.id, key=call.key)
+    result = await call.svc.messages.create(key=call.key, message=message, now=call.now)
     return replayed(result, response, "POST /v1/messages")
 
 
 def message_from(
     body: MessageCreate, svc: Services, *, tenant_id: str, key: str | None
 ) -> NewMessage:
-    """The message a request body asks for, checked as enqueue would and rendered once
-    (InvalidMessage, MessageTooLarge): POST /v1/messages and each item of a batch."""
-    limits = svc.settings.limits
-    message = new_message(
+    """The message a request body asks for, through services.intake with the API's settings
+    and templates (InvalidMessage, MessageTooLarge): POST /v1/messages and each item of a
+    batch."""
+    rules = intake.Rules.of(svc.settings, catalog=svc.catalog)
+    return rules.message(
+        **{name: getattr(body, name) for name in AS_GIVEN},
         to=_mailboxes(body.to) or [],
-        to_name=body.to_name,
         cc=_mailboxes(body.cc),
         bcc=_mailboxes(body.bcc),
         reply_to=_mailboxes(body.reply_to),
         from_address=body.from_,
-        from_name=body.from_name,
-        template=body.template,
-        data=body.data,
-        subject=body.subject,
-        html=body.html,
-        text=body.text,
-        inline_css=body.inline_css,
-        attachments=_attachments(body.attachments, limits),
-        send_at=body.send_at,
-        expires_at=body.expires_at,
-        priority=body.priority,
-        unsubscribe_url=body.unsubscribe_url,
-        unsubscribe_mailto=body.unsubscribe_mailto,
-        tags=body.tags,
-        metadata=body.metadata,
-        headers=body.headers,
+        attachments=_attachments(body.attachments, rules.limits),
         tenant_id=tenant_id,
         idempotency_key=key,
-        known_templates=svc.catalog_names,
-        address_rules=svc.settings.address_rules,
-        limits=limits,
     )
-    check_renders(message, svc.catalog)
-    return message
 
 
 def _listed(value: Mailboxes | None) -> list[Mailbox]:

@@ -4,8 +4,9 @@ Prometheus series, and the outbox's gauges read from the database.
 A scrape costs a bounded amount of database work however large the outbox grows and however
 often it is scraped: the gauges are read at most once per METRICS_CACHE_SECONDS in each
 process (`OutboxGaugeCache`), in three statements that each read a bounded range of an index
-(store.stats.outbox_gauges). Between reads, and while the database is down, a scrape reports
-the last reading; `mailbag_outbox_gauges_read_timestamp_seconds` says when it was taken.
+(store.stats.outbox_gauges), and two that read the fleet's state (pauses and breakers, a few
+rows each). Between reads, and while the database is down, a scrape reports the last
+reading; `mailbag_outbox_gauges_read_timestamp_seconds` says when it was taken.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from mailbag import metrics, metrics_server
 from mailbag.api.problems import unauthorized
 from mailbag.keys import bearer_matches
 from mailbag.services.container import Services
-from mailbag.store import stats
+from mailbag.services.pauses import oldest_by_scope
+from mailbag.store import fleet_state, stats
 from mailbag.store.database import within
 from mailbag.store.session import AsyncDatabase
 
@@ -101,9 +103,13 @@ async def read_outbox_gauges(svc: Services) -> None:
     now = svc.clock()
     async with AsyncDatabase(svc.engine).connect(read_only=True) as tx:
         gauges = await tx.run(stats.outbox_gauges(now))
+        fleet = await tx.run(fleet_state.read())  # two small tables
     for state, count in gauges.counts.items():
         metrics.MESSAGES.labels(state).set(count)
     oldest_due = gauges.oldest_due
     metrics.OLDEST_DUE_AGE.set(max(0.0, (now - oldest_due).total_seconds()) if oldest_due else 0)
     metrics.UNMATCHED_STORED.set(gauges.unmatched_provider_events)
+    for scope, (count, oldest) in oldest_by_scope(fleet.pauses, now).items():
+        metrics.PAUSES.labels(scope.value).set(count)
+        metrics.PAUSE_AGE.labels(scope.value).set(oldest)
     metrics.OUTBOX_READ_AT.set(now.timestamp())

@@ -7,11 +7,12 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 
-from mailbag.api.deps import NowDep, RequiredKeyDep, ServicesDep, TenantDep
+from mailbag.api.deps import KeyedCallDep, NowDep, ServicesDep, TenantDep
 from mailbag.api.problems import COMMON, documented
 from mailbag.api.replay import replayed
 from mailbag.api.schemas import VerificationConfirm, VerificationCreate, VerificationOut
 from mailbag.domain.message import InvalidMessage, normalize_address
+from mailbag.services import intake
 from mailbag.services.verification import VerificationRequest, public
 
 router = APIRouter(prefix="/v1/email-verifications", tags=["email verification"])
@@ -21,12 +22,7 @@ router = APIRouter(prefix="/v1/email-verifications", tags=["email verification"]
     "", status_code=201, response_model=VerificationOut, responses=documented(*COMMON, 409, 429)
 )
 async def request_verification(
-    body: VerificationCreate,
-    svc: ServicesDep,
-    tenant: TenantDep,
-    key: RequiredKeyDep,
-    now: NowDep,
-    response: Response,
+    body: VerificationCreate, call: KeyedCallDep, response: Response
 ) -> Any:
     """Send a verification email. Needs an Idempotency-Key: a retry with the same key and
     body replays the first answer (no second email); a different body is a 409.
@@ -34,8 +30,9 @@ async def request_verification(
     If the address already has an active verification (created, send_pending or sent),
     a request under another key is a 409 whose `active_verification_id` names it: resend
     that one instead of starting a second."""
+    svc = call.svc
     try:
-        email = normalize_address(body.email, svc.settings.address_rules)
+        email = normalize_address(body.email, intake.address_rules(svc.settings))
     except ValueError as exc:
         raise InvalidMessage({"email": f"is not a valid email address: {exc}"}) from None
     if body.template not in svc.catalog_names:
@@ -46,7 +43,9 @@ async def request_verification(
         redirect_url=str(body.redirect_url) if body.redirect_url else None,
         data=body.data,
     )
-    result = await svc.verifications.request(tenant_id=tenant.id, key=key, request=request, now=now)
+    result = await svc.verifications.request(
+        tenant_id=call.tenant.id, key=call.key, request=request, now=call.now
+    )
     return replayed(result, response, "POST /v1/email-verifications")
 
 
@@ -89,15 +88,10 @@ async def confirm_verification(
     responses=documented(*COMMON, 404, 409, 410, 429),
 )
 async def resend_verification(
-    verification_id: uuid.UUID,
-    svc: ServicesDep,
-    tenant: TenantDep,
-    key: RequiredKeyDep,
-    now: NowDep,
-    response: Response,
+    verification_id: uuid.UUID, call: KeyedCallDep, response: Response
 ) -> Any:
     """Rotate the token (the old one stops working) and send a new email; rate limited."""
-    result = await svc.verifications.resend(
-        tenant_id=tenant.id, key=key, verification_id=verification_id, now=now
+    result = await call.svc.verifications.resend(
+        tenant_id=call.tenant.id, key=call.key, verification_id=verification_id, now=call.now
     )
     return replayed(result, response, "POST /v1/email-verifications/{id}/resend")

@@ -2,7 +2,7 @@
 
 The commands live in groups (outbox, maintenance, run, tenants); this table puts them in
 the order `mailbag --help` lists them. invocation.py holds what they share: settings read
-once, the schema policy, the exits.
+once, the schema policy, the exits; help.py how their help reads.
 
 Each command imports what it needs when it runs: `mailbag --help` or `mailbag stats` must
 not pay for FastAPI, uvicorn or botocore (tests/test_first_run.py keeps it so).
@@ -10,17 +10,24 @@ not pay for FastAPI, uvicorn or botocore (tests/test_first_run.py keeps it so).
 
 from __future__ import annotations
 
-import typer
+from mailbag.cli import (
+    bulk,
+    hooks,
+    invocation,
+    maintenance,
+    outbox,
+    pauses,
+    providers,
+    run,
+    tenants,
+)
+from mailbag.cli.help import Command, group
 
-from mailbag.cli import bulk, hooks, invocation, maintenance, outbox, run, tenants
-
-app = typer.Typer(
+app = group(  # plain click help (no rich): formatting it with rich costs ~0.1 s a start
+    "Transactional email through an outbox: enqueue in your transaction, sent exactly once.",
     name="mailbag",
-    help="Transactional email through an outbox: enqueue in your transaction, sent exactly once.",
-    no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # plain click help: formatting it with rich costs ~0.1 s a start
 )
 app.callback()(invocation.begin)
 
@@ -34,13 +41,17 @@ COMMANDS = (
     outbox.cancel,
     outbox.resolve,
     outbox.reconcile,
+    providers.providers,
+    pauses.pause,
+    pauses.resume,
+    pauses.pauses,
     maintenance.purge,
     run.worker,
     run.serve,
     run.api,
 )
 for command in COMMANDS:
-    app.command()(command)
+    app.command(cls=Command)(command)
 app.add_typer(outbox.suppressions, name="suppressions")
 app.add_typer(tenants.tenants, name="tenants")
 app.add_typer(hooks.hooks, name="hooks")

@@ -9,73 +9,100 @@ is finished by running the same command again, which skips what is already there
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mailbag.cli.invocation import database, fail, settings
+from mailbag.cli.invocation import database, fail, settings, tenant_id
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
 
     from rich.progress import Progress, TaskID
     from sqlalchemy import Engine
 
     from mailbag.domain.message import NewMessage
-    from mailbag.templates import Catalog
+    from mailbag.services.intake import Rules
+    from mailbag.settings import Settings
 
 # Columns that address the message; every other column is template data.
 ADDRESS_COLUMNS = ("to", "to_name", "cc", "bcc", "reply_to", "from", "from_name")
 ACTOR = "cli:send-bulk"
 SHOWN_BAD_ROWS = 50
-# A good row: its line, its message, its fields.
+# A good row: its line, its message, its fields; a bad one: its line, why, its fields.
 Row = tuple[int, "NewMessage", list[str]]
+Bad = tuple[int, str, list[str]]
+# A row's idempotency key, from its fields by column and its line.
+Key = Callable[[dict[str, str], int], str]
 # Exits beyond invocation's 1 and 2: the good rows were written, some rows were bad.
 PARTLY_WRITTEN = 3
 
 
+# The options of `send-bulk`, each with its help, named once so its signature stays short.
+FILE = Annotated[
+    Path,
+    typer.Argument(
+        metavar="FILE",
+        help="CSV file, UTF-8; the first line names the columns.",
+        exists=True,
+        dir_okay=False,
+        readable=True,
+    ),
+]
+TEMPLATE = Annotated[str, typer.Option(metavar="NAME", help="Template every row is sent with.")]
+OWNER = Annotated[
+    str,
+    typer.Option(metavar="TENANT", help="Tenant the messages belong to: its id or its name."),
+]
+KEY_COLUMN = Annotated[
+    str | None,
+    typer.Option(
+        metavar="COLUMN",
+        help="Column whose value is each row's idempotency key (unique in the file and "
+        "among the tenant's messages). Default: a key made of the file's content, the "
+        "template and the row's line.",
+    ),
+]
+KEY_PREFIX = Annotated[
+    str,
+    typer.Option(metavar="PREFIX", help="Put before every --key-column value, e.g. 'nov-digest:'."),
+]
+ALL_OR_NOTHING = Annotated[
+    bool,
+    typer.Option(help="Write nothing when any row is bad (default: write the good rows)."),
+]
+DRY_RUN = Annotated[bool, typer.Option(help="Check every row, write nothing.")]
+REJECTS = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE",
+        help="Write the bad rows (with the header) to this CSV file, to fix and send it.",
+    ),
+]
+PRIORITY = Annotated[
+    str, typer.Option(metavar="PRIORITY", help="high, normal or low: higher is claimed first.")
+]
+CHUNK_SIZE = Annotated[
+    int, typer.Option(metavar="N", min=1, max=10_000, help="Rows per transaction.")
+]
+DELIMITER = Annotated[str, typer.Option(metavar="CHAR", help="The CSV field separator.")]
+
+
 def send_bulk(
-    file: Annotated[
-        Path,
-        typer.Argument(
-            help="CSV file, UTF-8; the first line names the columns.",
-            exists=True,
-            dir_okay=False,
-            readable=True,
-        ),
-    ],
-    template: Annotated[str, typer.Option(help="Template every row is sent with.")],
-    tenant: Annotated[str, typer.Option(help="Tenant the messages belong to.")] = "default",
-    key_column: Annotated[
-        str | None,
-        typer.Option(
-            help="Column whose value is each row's idempotency key (unique in the file and "
-            "among the tenant's messages). Default: a key made of the file's content, the "
-            "template and the row's line."
-        ),
-    ] = None,
-    key_prefix: Annotated[
-        str, typer.Option(help="Put before every --key-column value, e.g. 'nov-digest:'.")
-    ] = "",
-    all_or_nothing: Annotated[
-        bool,
-        typer.Option(help="Write nothing when any row is bad (default: write the good rows)."),
-    ] = False,
-    dry_run: Annotated[bool, typer.Option(help="Check every row, write nothing.")] = False,
-    rejects: Annotated[
-        Path | None,
-        typer.Option(
-            help="Write the bad rows (with the header) to this CSV file, to fix and send it."
-        ),
-    ] = None,
-    priority: Annotated[
-        str, typer.Option(help="high, normal or low: higher is claimed first.")
-    ] = "normal",
-    chunk_size: Annotated[
-        int, typer.Option(min=1, max=10_000, help="Rows per transaction.")
-    ] = 1000,
-    delimiter: Annotated[str, typer.Option(help="The CSV field separator.")] = ",",
+    file: FILE,
+    template: TEMPLATE,
+    tenant: OWNER = "default",
+    key_column: KEY_COLUMN = None,
+    key_prefix: KEY_PREFIX = "",
+    all_or_nothing: ALL_OR_NOTHING = False,
+    dry_run: DRY_RUN = False,
+    rejects: REJECTS = None,
+    priority: PRIORITY = "normal",
+    chunk_size: CHUNK_SIZE = 1000,
+    delimiter: DELIMITER = ",",
 ) -> None:
     """Send one templated message per CSV row: the columns are the template's data.
 
@@ -93,27 +120,93 @@ def send_bulk(
     edited file is a new send, every row of it. To fix bad rows, send the --rejects file
     after fixing it, not the edited original; or give rows stable keys with --key-column.
     """
-    import hashlib
     import time
 
-    from mailbag import templates
+    check_options(delimiter, priority, key_prefix, key_column)
+    config = settings()
+    rules = rules_with(config, template)
+    engine = database()  # the schema checked before any row is
+    owner = tenant_id(engine, tenant)  # an unknown tenant: exit 2 before any row is read
+    raw = read(file)
+    started = time.perf_counter()
+    sheet = parse_sheet(file, raw, template, delimiter, key_column)
+    checker = RowChecker(
+        columns=sheet.columns,
+        template=template,
+        tenant=owner,
+        priority=priority,
+        rules=rules,
+        key=row_key(sheet.digest, key_column, key_prefix),
+        key_column=key_column,
+    )
+    rows_given = len(sheet.body)
+    with progress_bar() as progress:
+        good, bad = check_rows(checker, sheet.body, progress)
+        good, refused = check_senders(engine, good)
+        bad = sorted(bad + refused)
+        report_bad(bad)
+        if rejects is not None and bad:
+            write_rejects(rejects, sheet.header, [record for _, _, record in bad], delimiter)
+        if dry_run or (bad and all_or_nothing) or not good:
+            why = "--dry-run" if dry_run else "--all-or-nothing" if good else "no good rows"
+            typer.echo(
+                f"{file}: {rows_given} rows: {len(good)} good, {len(bad)} bad; "
+                f"nothing written ({why})"
+            )
+            raise typer.Exit(2 if bad else 0)
+        writing = progress.add_task("writing", total=len(good))
+        counts = write(engine, good, chunk_size, progress, writing, rules.max_attempts)
+    seconds = time.perf_counter() - started
+    suppressed = f" ({counts['suppressed']} suppressed: not sent)" if counts["suppressed"] else ""
+    typer.echo(
+        f"{file}: {rows_given} rows: {counts['created']} created{suppressed}, "
+        f"{counts['existing']} already there, {len(bad)} bad (not written); "
+        f"{seconds:.1f} s, {rows_given / seconds:.0f} rows/s"
+    )
+    if bad:
+        raise typer.Exit(PARTLY_WRITTEN)
 
+
+def check_options(delimiter: str, priority: str, key_prefix: str, key_column: str | None) -> None:
     if len(delimiter) != 1:
         fail("--delimiter must be one character")
     if priority not in ("high", "normal", "low"):
         fail(f"--priority must be high, normal or low, not {priority!r}")
     if key_prefix and key_column is None:
         fail("--key-prefix goes with --key-column")
-    config = settings()
+
+
+def rules_with(config: Settings, template: str) -> Rules:
+    """The rules every row is checked under (services.intake), once the template is known."""
+    from mailbag import templates
+    from mailbag.services import intake
+
     try:
-        catalog = templates.load(config.templates_dir)
+        rules = intake.Rules.of(config)
     except templates.TemplateError as exc:
         fail(str(exc))
-    if template not in catalog.names():
-        fail(f"unknown template {template!r}; known: {', '.join(sorted(catalog.names()))}")
-    engine = database()  # the schema checked before any row is
-    raw = read(file)
-    started = time.perf_counter()
+    names = rules.catalog.names()
+    if template not in names:
+        fail(f"unknown template {template!r}; known: {', '.join(sorted(names))}")
+    return rules
+
+
+@dataclass(frozen=True)
+class Sheet:
+    """A CSV file read: its header, the column names, the records after it, and the
+    identity of the file and template for the default keys."""
+
+    digest: str
+    header: list[str]
+    columns: list[str]
+    body: list[tuple[int, list[str]]]
+
+
+def parse_sheet(
+    file: Path, raw: bytes, template: str, delimiter: str, key_column: str | None
+) -> Sheet:
+    import hashlib
+
     # The file's identity for the default keys: its content (not its name or place), and
     # the template, so the same list sent with another template is another send.
     digest = hashlib.sha256(template.encode() + b"\n" + raw).hexdigest()[:32]
@@ -130,58 +223,37 @@ def send_bulk(
     check_header(file, columns, key_column)
     if not body:
         fail(f"{file} has a header and no rows")
+    return Sheet(digest, header, columns, body)
 
-    checker = RowChecker(
-        columns=columns,
-        template=template,
-        tenant=tenant,
-        priority=priority,
-        catalog=catalog,
-        key=(lambda row, line: key_prefix + row[key_column].strip())
-        if key_column
-        else (lambda row, line: f"bulk-{digest}-{line}"),
-        key_column=key_column,
-    )
+
+def row_key(digest: str, key_column: str | None, key_prefix: str) -> Key:
+    """Each row's idempotency key: its --key-column value, else the file's and its line's."""
+    if key_column:
+        return lambda row, line: key_prefix + row[key_column].strip()
+    return lambda row, line: f"bulk-{digest}-{line}"
+
+
+def check_rows(
+    checker: RowChecker, body: list[tuple[int, list[str]]], progress: Progress
+) -> tuple[list[Row], list[Bad]]:
+    """Every row checked, none written: the good ones with their messages, the bad with why."""
     good: list[Row] = []
-    bad: list[tuple[int, str, list[str]]] = []
-    with progress_bar() as progress:
-        checking = progress.add_task("checking", total=len(body))
-        try:
-            for n, (line, record) in enumerate(body, 1):
-                problem, message = checker.check(line, record)
-                if message is not None:
-                    good.append((line, message, record))
-                else:
-                    bad.append((line, problem or "", record))
-                if n % 1000 == 0:
-                    progress.update(checking, completed=n)
-        except KeyboardInterrupt:
-            progress.stop()
-            fail("interrupted while checking the rows; nothing was written", code=1)
-        progress.update(checking, completed=len(body))
-        good, refused = check_senders(engine, good)
-        bad = sorted(bad + refused)
-        report_bad(bad)
-        if rejects is not None and bad:
-            write_rejects(rejects, header, [record for _, _, record in bad], delimiter)
-        if dry_run or (bad and all_or_nothing) or not good:
-            why = "--dry-run" if dry_run else "--all-or-nothing" if good else "no good rows"
-            typer.echo(
-                f"{file}: {len(body)} rows: {len(good)} good, {len(bad)} bad; "
-                f"nothing written ({why})"
-            )
-            raise typer.Exit(2 if bad else 0)
-        writing = progress.add_task("writing", total=len(good))
-        counts = write(engine, good, chunk_size, progress, writing, config.max_attempts)
-    seconds = time.perf_counter() - started
-    suppressed = f" ({counts['suppressed']} suppressed: not sent)" if counts["suppressed"] else ""
-    typer.echo(
-        f"{file}: {len(body)} rows: {counts['created']} created{suppressed}, "
-        f"{counts['existing']} already there, {len(bad)} bad (not written); "
-        f"{seconds:.1f} s, {len(body) / seconds:.0f} rows/s"
-    )
-    if bad:
-        raise typer.Exit(PARTLY_WRITTEN)
+    bad: list[Bad] = []
+    checking = progress.add_task("checking", total=len(body))
+    try:
+        for n, (line, record) in enumerate(body, 1):
+            problem, message = checker.check(line, record)
+            if message is not None:
+                good.append((line, message, record))
+            else:
+                bad.append((line, problem or "", record))
+            if n % 1000 == 0:
+                progress.update(checking, completed=n)
+    except KeyboardInterrupt:
+        progress.stop()
+        fail("interrupted while checking the rows; nothing was written", code=1)
+    progress.update(checking, completed=len(body))
+    return good, bad
 
 
 def read(file: Path) -> bytes:
@@ -232,20 +304,16 @@ class RowChecker:
         template: str,
         tenant: str,
         priority: str,
-        catalog: Catalog,
-        key: Callable[[dict[str, str], int], str],
+        rules: Rules,
+        key: Key,
         key_column: str | None,
     ) -> None:
         self.columns, self.template, self.tenant = columns, template, tenant
-        self.priority, self.catalog, self.key, self.key_column = priority, catalog, key, key_column
-        self.names = catalog.names()
-        config = settings()
-        self.address_rules, self.limits = config.address_rules, config.limits
+        self.priority, self.rules, self.key, self.key_column = priority, rules, key, key_column
         self.keys: dict[str, int] = {}  # key -> the line that has it
 
     def check(self, line: int, record: list[str]) -> tuple[str | None, NewMessage | None]:
-        from mailbag.compose import check_renders
-        from mailbag.domain.message import InvalidMessage, new_message
+        from mailbag.domain.message import InvalidMessage
 
         if len(record) != len(self.columns):
             return f"has {len(record)} fields; the header has {len(self.columns)}", None
@@ -257,7 +325,7 @@ class RowChecker:
             return f"key {key!r} is also line {first}'s", None
         to = addresses(row["to"])
         try:
-            message = new_message(
+            message = self.rules.message(
                 to=to[0] if len(to) == 1 else to,
                 to_name=row.get("to_name") or None,
                 cc=addresses(row.get("cc", "")),
@@ -270,11 +338,7 @@ class RowChecker:
                 tenant_id=self.tenant,
                 idempotency_key=key,
                 priority=self.priority,
-                known_templates=self.names,
-                address_rules=self.address_rules,
-                limits=self.limits,
             )
-            check_renders(message, self.catalog)
         except InvalidMessage as exc:
             return str(exc), None
         self.keys[key] = line
@@ -285,9 +349,7 @@ def addresses(cell: str) -> list[str]:
     return [a.strip() for a in cell.split(",") if a.strip()]
 
 
-def check_senders(
-    engine: Engine, good: list[Row]
-) -> tuple[list[Row], list[tuple[int, str, list[str]]]]:
+def check_senders(engine: Engine, good: list[Row]) -> tuple[list[Row], list[Bad]]:
     """The rows whose `from` is a sender identity of the tenant, and the others with why."""
     from mailbag.services.batch import refused_senders
 
@@ -299,7 +361,7 @@ def check_senders(
     return kept, [(good[i][0], str(exc), good[i][2]) for i, exc in refused.items()]
 
 
-def report_bad(bad: list[tuple[int, str, list[str]]]) -> None:
+def report_bad(bad: list[Bad]) -> None:
     for line, problem, _ in bad[:SHOWN_BAD_ROWS]:
         typer.echo(f"line {line}: {problem}", err=True)
     if len(bad) > SHOWN_BAD_ROWS:
@@ -334,7 +396,7 @@ def write(
 
     from mailbag.domain.message import InvalidMessage
     from mailbag.domain.states import Status
-    from mailbag.services.outbox import enqueue_many
+    from mailbag.services.outbox import write_many
 
     counts = {"created": 0, "existing": 0, "suppressed": 0}
     done = 0
@@ -342,7 +404,7 @@ def write(
         for start in range(0, len(good), chunk_size):
             chunk = [message for _, message, _ in good[start : start + chunk_size]]
             with engine.begin() as conn:
-                results = enqueue_many(conn, chunk, max_attempts=max_attempts, actor=ACTOR)
+                results = write_many(conn, chunk, max_attempts=max_attempts, actor=ACTOR)
             for result in results:
                 if not result.created:
                     counts["existing"] += 1

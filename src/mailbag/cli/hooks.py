@@ -11,36 +11,38 @@ cannot be done (hooks are off, no such endpoint or delivery, a replay of one on 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from mailbag.cli.invocation import ACTOR, database, fail, settings
+from mailbag.cli.help import Command, group
+from mailbag.cli.invocation import ACTOR, fail, on_async_engine, settings
 
 if TYPE_CHECKING:
     from mailbag.domain.hooks import HookDelivery, HookEndpoint
-    from mailbag.services.hooks import SyncHooks
+    from mailbag.services.hooks import Hooks
 
 T = TypeVar("T")
 
-hooks = typer.Typer(
-    help="Event hooks: signed HTTP POSTs of message events to your endpoints.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-)
+hooks = group("Event hooks: signed HTTP POSTs of message events to your endpoints.")
 
-TENANT = Annotated[str, typer.Argument(help="Tenant id or name (or `default`).")]
-ENDPOINT = Annotated[str, typer.Argument(help="The endpoint's id (see `mailbag hooks list`).")]
-DELIVERY = Annotated[str, typer.Argument(help="The delivery's id (see `hooks deliveries`).")]
+TENANT = Annotated[str, typer.Argument(metavar="TENANT", help="Tenant id or name (or `default`).")]
+ENDPOINT = Annotated[
+    str, typer.Argument(metavar="ENDPOINT", help="The endpoint's id (see `mailbag hooks list`).")
+]
+DELIVERY = Annotated[
+    str, typer.Argument(metavar="DELIVERY", help="The delivery's id (see `hooks deliveries`).")
+]
 EVENTS_HELP = (
     "An event to receive (repeatable): sent, failed, dead, unknown, delivered, bounced, "
-    "complained, opened, clicked (or message.sent ...); * for all."
+    "complained, opened, clicked (also as message.sent and so on); * for all."
 )
 
 
-def _service(action: Callable[[SyncHooks], T]) -> T:
-    """Run one call of the hooks service; its errors become messages and exits."""
+def _service(action: Callable[[Hooks], Awaitable[T]]) -> T:
+    """Run one call of the hooks service (the API's and the console's own); its errors
+    become messages and exits."""
     from mailbag.domain.hooks import InvalidHook
     from mailbag.services import hooks as hook_service
     from mailbag.services.tenants import UnknownTenant
@@ -49,7 +51,7 @@ def _service(action: Callable[[SyncHooks], T]) -> T:
     if not config.hooks_enabled:  # before the database: nothing to look at
         fail(str(hook_service.HooksOff()), code=1)
     try:
-        return action(hook_service.SyncHooks(database(), config))
+        return on_async_engine(lambda engine: action(hook_service.Hooks(engine, config)))
     except InvalidHook as exc:
         fail(f"invalid hook endpoint: {exc}")
     except UnknownTenant as exc:
@@ -82,12 +84,16 @@ def _show_secret(endpoint: HookEndpoint, secret: str, verb: str) -> None:
     typer.echo(secret)
 
 
-@hooks.command("add")
+@hooks.command("add", cls=Command)
 def add(
     tenant: TENANT,
-    url: Annotated[str, typer.Argument(help="Where the signed POSTs go (https://).")],
-    event: Annotated[list[str], typer.Option("--event", "-e", help=EVENTS_HELP)],
-    description: Annotated[str | None, typer.Option(help="A note for operators.")] = None,
+    url: Annotated[
+        str, typer.Argument(metavar="URL", help="Where the signed POSTs go (https://).")
+    ],
+    event: Annotated[list[str], typer.Option("--event", "-e", metavar="EVENT", help=EVENTS_HELP)],
+    description: Annotated[
+        str | None, typer.Option(metavar="TEXT", help="A note for operators.")
+    ] = None,
     disabled: Annotated[
         bool, typer.Option("--disabled", help="Create it turned off (enable it later).")
     ] = False,
@@ -99,24 +105,28 @@ def add(
     _show_secret(new.endpoint, new.secret, "added")
 
 
-@hooks.command("list")
+@hooks.command("list", cls=Command)
 def list_(
-    tenant: Annotated[str | None, typer.Option(help="Only this tenant's (id or name).")] = None,
+    tenant: Annotated[
+        str | None, typer.Option(metavar="TENANT", help="Only this tenant's (id or name).")
+    ] = None,
 ) -> None:
     """Endpoints: id, tenant, enabled/disabled, events, URL, description (never secrets)."""
     for endpoint in _service(lambda svc: svc.list_endpoints(tenant)):
         typer.echo(_endpoint_line(endpoint))
 
 
-@hooks.command("update")
+@hooks.command("update", cls=Command)
 def update(
     endpoint: ENDPOINT,
-    url: Annotated[str | None, typer.Option(help="A new URL.")] = None,
+    url: Annotated[str | None, typer.Option(metavar="URL", help="A new URL.")] = None,
     event: Annotated[
         list[str] | None,
-        typer.Option("--event", "-e", help="Replace the events with these (repeatable)."),
+        typer.Option(
+            "--event", "-e", metavar="EVENT", help="Replace the events with these (repeatable)."
+        ),
     ] = None,
-    description: Annotated[str | None, typer.Option(help="A new note.")] = None,
+    description: Annotated[str | None, typer.Option(metavar="TEXT", help="A new note.")] = None,
 ) -> None:
     """Change an endpoint's URL, events or description."""
     if url is None and not event and description is None:
@@ -136,19 +146,19 @@ def _switch(endpoint: str, enabled: bool) -> None:
     typer.echo(_endpoint_line(changed))
 
 
-@hooks.command("enable")
+@hooks.command("enable", cls=Command)
 def enable(endpoint: ENDPOINT) -> None:
     """Turn an endpoint on: deliveries that waited go out."""
     _switch(endpoint, True)
 
 
-@hooks.command("disable")
+@hooks.command("disable", cls=Command)
 def disable(endpoint: ENDPOINT) -> None:
     """Turn an endpoint off: its deliveries wait until it is enabled again."""
     _switch(endpoint, False)
 
 
-@hooks.command("rotate-secret")
+@hooks.command("rotate-secret", cls=Command)
 def rotate_secret(endpoint: ENDPOINT) -> None:
     """Give an endpoint a new signing secret and print it (once); the old one stops at once."""
     endpoint_id = _id(endpoint, "an endpoint")
@@ -156,7 +166,7 @@ def rotate_secret(endpoint: ENDPOINT) -> None:
     _show_secret(new.endpoint, new.secret, "rotated")
 
 
-@hooks.command("remove")
+@hooks.command("remove", cls=Command)
 def remove(endpoint: ENDPOINT) -> None:
     """Remove an endpoint, with its deliveries and their history."""
     endpoint_id = _id(endpoint, "an endpoint")
@@ -175,7 +185,7 @@ def _delivery_line(d: HookDelivery) -> str:
             str(d.id),
             d.status,
             d.event.short,
-            f"{d.attempts}/{d.max_attempts}",
+            d.attempts_shown,
             code,
             next_at,
             str(d.message_id),
@@ -184,18 +194,30 @@ def _delivery_line(d: HookDelivery) -> str:
     )
 
 
-@hooks.command("deliveries")
+@hooks.command("deliveries", cls=Command)
 def deliveries(
-    tenant: Annotated[str | None, typer.Option(help="Only this tenant's (id or name).")] = None,
-    endpoint: Annotated[str | None, typer.Option(help="Only this endpoint's.")] = None,
+    tenant: Annotated[
+        str | None, typer.Option(metavar="TENANT", help="Only this tenant's (id or name).")
+    ] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(metavar="ENDPOINT", help="Only this endpoint's.")
+    ] = None,
     status: Annotated[
         str | None,
-        typer.Option(help="pending, processing, retrying, delivered or dead."),
+        typer.Option(metavar="STATE", help="pending, processing, retrying, delivered or dead."),
     ] = None,
-    event: Annotated[str | None, typer.Option(help="Only this event (e.g. bounced).")] = None,
-    message: Annotated[str | None, typer.Option(help="Only this message's.")] = None,
-    limit: Annotated[int, typer.Option(min=1, max=200, help="At most this many.")] = 50,
-    cursor: Annotated[str | None, typer.Option(help="The next page (printed after one).")] = None,
+    event: Annotated[
+        str | None, typer.Option(metavar="EVENT", help="Only this event (e.g. bounced).")
+    ] = None,
+    message: Annotated[
+        str | None, typer.Option(metavar="MESSAGE_ID", help="Only this message's.")
+    ] = None,
+    limit: Annotated[
+        int, typer.Option(metavar="N", min=1, max=200, help="At most this many.")
+    ] = 50,
+    cursor: Annotated[
+        str | None, typer.Option(metavar="CURSOR", help="The next page (printed after one).")
+    ] = None,
 ) -> None:
     """Deliveries, newest first: id, status, event, attempts, last HTTP status, next
     attempt, message, last error."""
@@ -234,7 +256,7 @@ def deliveries(
         typer.echo(f"more: --cursor {page.next_cursor}", err=True)
 
 
-@hooks.command("delivery")
+@hooks.command("delivery", cls=Command)
 def delivery(delivery_id: DELIVERY) -> None:
     """One delivery: its fields, the body it POSTs, and its history (attempts, replays)."""
     target = _id(delivery_id, "a delivery")
@@ -252,7 +274,7 @@ def delivery(delivery_id: DELIVERY) -> None:
         )
 
 
-@hooks.command("replay")
+@hooks.command("replay", cls=Command)
 def replay(delivery_id: DELIVERY) -> None:
     """Send a delivered or dead delivery again (same body and webhook-id)."""
     target = _id(delivery_id, "a delivery")

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
     from mailbag.services.operations import Operations
     from mailbag.settings import Settings
@@ -30,10 +31,25 @@ ACTOR = "operator:cli"  # the actor of the audit events operator actions write
 _settings: Settings | None = None  # this invocation's, once a command asked for them
 
 
-def begin() -> None:
+def begin(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=show_version, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
     """A new invocation (the app's callback): its settings are read afresh."""
     global _settings
     _settings = None
+
+
+def show_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        typer.echo(f"mailbag {version('mailbag')}")
+        raise typer.Exit()
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -46,11 +62,11 @@ def settings(**overrides: Any) -> Settings:
     command's own options override them: only its first call may give any."""
     global _settings
     if _settings is None:
-        from mailbag.settings import Settings
+        from mailbag.settings import InvalidSettings, read_settings
 
         try:
-            _settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-        except Exception as exc:  # pydantic's ValidationError or a bad URL: say it, don't trace
+            _settings = read_settings(**{k: v for k, v in overrides.items() if v is not None})
+        except InvalidSettings as exc:  # names each bad setting, never its value
             fail(f"invalid settings: {exc}")
     return _settings
 
@@ -64,8 +80,8 @@ def prepare(*, upgrade: bool = False, key: bool = False) -> None:
     try:
         if key:
             runtime.require_key(settings())
+            runtime.require_providers(settings())
         runtime.ensure_schema(settings(), upgrade=upgrade)
-        runtime.configure_hooks(settings())
         if key:
             runtime.check_key(settings())
     except runtime.CannotStart as exc:
@@ -77,27 +93,57 @@ def database() -> Engine:
     from mailbag.store.database import make_engine
 
     prepare()
-    return make_engine(settings().database_url)
+    return make_engine(settings().database_url, execution_options=_fan_out())
+
+
+def _fan_out() -> dict[str, Any]:
+    """The execution options that tell this invocation's plans how hooks fan out."""
+    from mailbag.services.hooks import fan_out
+
+    return dict(fan_out(settings()).options())
 
 
 def operations(action: Callable[[Operations], Awaitable[T]]) -> T:
     """Run one operator action (the same code the console and admin API run)."""
+    from mailbag.services.operations import Operations
+
+    attempts = settings().max_attempts
+    return on_async_engine(lambda engine: action(Operations(engine, default_attempts=attempts)))
+
+
+def on_async_engine(action: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    """Run a service that is async (as the API's are) on a database whose schema is current.
+    A tenant it does not know (named by an option or argument) exits 2, naming it."""
     import asyncio
 
-    from mailbag.services.operations import Operations
+    from mailbag.services.tenants import UnknownTenant
     from mailbag.store.database import make_async_engine
 
     prepare()
-    url, attempts = settings().database_url, settings().max_attempts
+    url = settings().database_url
 
     async def main() -> T:
-        engine = make_async_engine(url, null_pool=True)
+        engine = make_async_engine(url, null_pool=True, execution_options=_fan_out())
         try:
-            return await action(Operations(engine, default_attempts=attempts))
+            return await action(engine)
         finally:
             await engine.dispose()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except UnknownTenant as exc:
+        fail(str(exc))
+
+
+def tenant_id(engine: Engine, tenant: str) -> str:
+    """The id of the tenant an option or argument names (its id or its name); exit 2,
+    naming it, if there is none."""
+    from mailbag.services.tenants import UnknownTenant, resolve
+
+    try:
+        return resolve(engine, tenant)
+    except UnknownTenant as exc:
+        fail(str(exc))
 
 
 def parse_id(value: str) -> uuid.UUID:

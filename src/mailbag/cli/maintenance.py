@@ -42,15 +42,18 @@ def migrate(
 
 
 def parse_age(value: str) -> timedelta:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    number, unit = value[:-1], value[-1:]
-    if unit not in units or not number.isdigit():
-        fail(f"{value!r} is not an age like 30d, 12h or 90m")
-    return timedelta(seconds=int(number) * units[unit])
+    from mailbag.domain import spans
+
+    try:
+        return spans.parse(value)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def purge(
-    older_than: Annotated[str, typer.Option(help="Age like 30d, 12h or 90m.")] = "30d",
+    older_than: Annotated[
+        str, typer.Option(metavar="AGE", help="Age like 30d, 12h or 90m.")
+    ] = "30d",
 ) -> None:
     """Delete finished messages (sent, failed, dead, cancelled, expired) last changed before
     the cutoff, and the attachments no message carries any more."""

@@ -6,121 +6,144 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mailbag.cli.invocation import ACTOR, database, fail, operations, parse_id, settings
+from mailbag.cli.help import Command, group
+from mailbag.cli.invocation import (
+    ACTOR,
+    database,
+    fail,
+    on_async_engine,
+    operations,
+    parse_id,
+    settings,
+    tenant_id,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from rich.table import Table
+    from sqlalchemy import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
     from mailbag.domain.content import Attachment
+    from mailbag.domain.message import NewMessage
     from mailbag.services.operations import Health, Operations
 
 
+def option(metavar: str | None, help: str, *flags: str) -> Any:
+    """A typer option that names its value (`metavar`, tests/test_cli_help.py) and says
+    what it is for: the options of `enqueue` below, one line each."""
+    return typer.Option(*flags, metavar=metavar, help=help)
+
+
+# The options of `enqueue`, named once so its signature stays short.
+TO = Annotated[list[str], option("ADDRESS", "Recipient address (repeatable).")]
+TEMPLATE = Annotated[str | None, option("NAME", "Template name, e.g. welcome (or --html/--text).")]
+DATA = Annotated[str, option("JSON", "Template data as a JSON object.")]
+KEY = Annotated[str | None, option("KEY", "Idempotency key: the same key, the same message.")]
+SUBJECT = Annotated[
+    str | None,
+    option("TEXT", "Subject: required with --html/--text; else overrides the template's."),
+]
+HTML = Annotated[
+    str | None,
+    option(
+        "HTML|@FILE",
+        "Ready-made HTML body: the HTML itself, or @FILE to read a UTF-8 file "
+        "(@- reads standard input).",
+    ),
+]
+TEXT = Annotated[
+    str | None,
+    option(
+        "TEXT|@FILE",
+        "Ready-made text body: the text itself, or @FILE to read a UTF-8 file "
+        "(default: made from --html).",
+    ),
+]
+INLINE_CSS = Annotated[
+    bool, option(None, "Move the rules of the HTML's style elements into style attributes.")
+]
+ATTACH = Annotated[
+    list[str] | None,
+    option(
+        "FILE",
+        "Attach a file (repeatable): FILE, FILE;type=MIME/TYPE (default: guessed from the "
+        "name), FILE;cid=ID for an inline image the HTML shows as cid:ID.",
+    ),
+]
+TO_NAME = Annotated[str | None, option("NAME", "Display name of a single --to.")]
+CC = Annotated[list[str] | None, option("ADDRESS", "Cc address (repeatable).")]
+BCC = Annotated[list[str] | None, option("ADDRESS", "Bcc address (repeatable; in no header).")]
+REPLY_TO = Annotated[list[str] | None, option("ADDRESS", "Reply-To address (repeatable).")]
+SENDER = Annotated[
+    str | None,
+    option(
+        "ADDRESS",
+        "Sender address: one of the tenant's sender identities (default FROM_EMAIL).",
+        "--from",
+    ),
+]
+FROM_NAME = Annotated[str | None, option("NAME", "Sender display name.")]
+OWNER = Annotated[str, option("TENANT", "Tenant the message belongs to: its id or its name.")]
+HEADER = Annotated[list[str] | None, option("HEADER", "Extra header 'Name: value' (repeatable).")]
+TAG = Annotated[list[str] | None, option("TAG", "Tag (repeatable).")]
+SEND_AT = Annotated[str | None, option("TIME", "ISO 8601 time to send at (with zone).")]
+EXPIRES_IN = Annotated[
+    str | None, option("DURATION", "Don't send after this long from now (e.g. 30m, 2h, 1d).")
+]
+PRIORITY = Annotated[str, option("PRIORITY", "high, normal or low: higher is claimed first.")]
+UNSUBSCRIBE_URL = Annotated[str | None, option("URL", "https:// one-click List-Unsubscribe URL.")]
+UNSUBSCRIBE_MAILTO = Annotated[
+    str | None, option("ADDRESS", "Address for a mailto: List-Unsubscribe.")
+]
+
+
 def enqueue(
-    to: Annotated[list[str], typer.Option(help="Recipient address (repeatable).")],
-    template: Annotated[
-        str | None, typer.Option(help="Template name, e.g. welcome (or --html/--text).")
-    ] = None,
-    data: Annotated[str, typer.Option(help="Template data as a JSON object.")] = "{}",
-    key: Annotated[
-        str | None, typer.Option(help="Idempotency key: the same key, the same message.")
-    ] = None,
-    subject: Annotated[
-        str | None,
-        typer.Option(help="Subject: required with --html/--text; else overrides the template's."),
-    ] = None,
-    html: Annotated[
-        Path | None, typer.Option(help="Ready-made HTML body, from this UTF-8 file.")
-    ] = None,
-    text: Annotated[
-        Path | None,
-        typer.Option(help="Ready-made text body, from this UTF-8 file (default: from --html)."),
-    ] = None,
-    inline_css: Annotated[
-        bool, typer.Option(help="Move the HTML's <style> rules into style attributes.")
-    ] = False,
-    attach: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Attach a file (repeatable): FILE, FILE;type=MIME/TYPE (default: guessed "
-            "from the name), FILE;cid=ID for an inline image the HTML shows as cid:ID."
-        ),
-    ] = None,
-    to_name: Annotated[str | None, typer.Option(help="Display name of a single --to.")] = None,
-    cc: Annotated[list[str] | None, typer.Option(help="Cc address (repeatable).")] = None,
-    bcc: Annotated[
-        list[str] | None, typer.Option(help="Bcc address (repeatable; in no header).")
-    ] = None,
-    reply_to: Annotated[
-        list[str] | None, typer.Option(help="Reply-To address (repeatable).")
-    ] = None,
-    sender: Annotated[
-        str | None,
-        typer.Option(
-            "--from",
-            help="Sender address: one of the tenant's sender identities (default FROM_EMAIL).",
-        ),
-    ] = None,
-    from_name: Annotated[str | None, typer.Option(help="Sender display name.")] = None,
-    tenant: Annotated[str, typer.Option(help="Tenant the message belongs to.")] = "default",
-    header: Annotated[
-        list[str] | None, typer.Option(help="Extra header 'Name: value' (repeatable).")
-    ] = None,
-    tag: Annotated[list[str] | None, typer.Option(help="Tag (repeatable).")] = None,
-    send_at: Annotated[
-        str | None, typer.Option(help="ISO 8601 time to send at (with zone).")
-    ] = None,
-    expires_in: Annotated[
-        str | None,
-        typer.Option(help="Don't send after this long from now (e.g. 30m, 2h, 1d)."),
-    ] = None,
-    priority: Annotated[
-        str, typer.Option(help="high, normal or low: higher is claimed first.")
-    ] = "normal",
-    unsubscribe_url: Annotated[
-        str | None, typer.Option(help="https:// one-click List-Unsubscribe URL.")
-    ] = None,
-    unsubscribe_mailto: Annotated[
-        str | None, typer.Option(help="Address for a mailto: List-Unsubscribe.")
-    ] = None,
+    to: TO,
+    template: TEMPLATE = None,
+    data: DATA = "{}",
+    key: KEY = None,
+    subject: SUBJECT = None,
+    html: HTML = None,
+    text: TEXT = None,
+    inline_css: INLINE_CSS = False,
+    attach: ATTACH = None,
+    to_name: TO_NAME = None,
+    cc: CC = None,
+    bcc: BCC = None,
+    reply_to: REPLY_TO = None,
+    sender: SENDER = None,
+    from_name: FROM_NAME = None,
+    tenant: OWNER = "default",
+    header: HEADER = None,
+    tag: TAG = None,
+    send_at: SEND_AT = None,
+    expires_in: EXPIRES_IN = None,
+    priority: PRIORITY = "normal",
+    unsubscribe_url: UNSUBSCRIBE_URL = None,
+    unsubscribe_mailto: UNSUBSCRIBE_MAILTO = None,
 ) -> None:
     """Put one email into the outbox and print its id."""
+    from dataclasses import replace
+
     from mailbag import templates
-    from mailbag.cli.maintenance import parse_age
-    from mailbag.clock import utcnow
-    from mailbag.compose import check_renders
-    from mailbag.domain.message import InvalidMessage, new_message
-    from mailbag.services import outbox as outbox_service
+    from mailbag.domain.message import InvalidMessage
+    from mailbag.services import intake
 
     config = settings()
-    try:
-        template_data = json.loads(data)
-    except json.JSONDecodeError as exc:
-        fail(f"--data is not valid JSON: {exc}")
-    headers: dict[str, str] = {}
-    for item in header or []:
-        name, sep, value = item.partition(":")
-        if not sep:
-            fail(f"--header {item!r} must look like 'Name: value'")
-        headers[name.strip()] = value.strip()
-    when = None
-    if send_at is not None:
-        try:
-            when = datetime.fromisoformat(send_at)
-        except ValueError:
-            fail(f"--send-at {send_at!r} is not an ISO 8601 time")
-    expires_at = None
-    if expires_in is not None:
-        expires_at = utcnow() + parse_age(expires_in)
+    # Each option is read (and refused, exit 2) in the order of the fields it makes.
+    template_data = json_option("--data", data)
+    headers = header_options(header or [])
+    when = send_at_option(send_at)
+    expires_at = expires_in_option(expires_in)
     files = [attachment(spec, config.max_attachment_bytes) for spec in attach or []]
     try:
-        catalog = templates.load(config.templates_dir)
-        message = new_message(
+        message = intake.Rules.of(config).message(
             to=to if len(to) > 1 else to[0],
             to_name=to_name,
             cc=cc,
@@ -131,8 +154,8 @@ def enqueue(
             template=template,
             data=template_data or None,
             subject=subject,
-            html=read_text("--html", html) if html is not None else None,
-            text=read_text("--text", text) if text is not None else None,
+            html=body("--html", html) if html is not None else None,
+            text=body("--text", text) if text is not None else None,
             inline_css=inline_css,
             attachments=files,
             idempotency_key=key,
@@ -144,32 +167,130 @@ def enqueue(
             priority=priority,
             unsubscribe_url=unsubscribe_url,
             unsubscribe_mailto=unsubscribe_mailto,
-            known_templates=catalog.names(),
-            address_rules=config.address_rules,
-            limits=config.limits,
         )
-        check_renders(message, catalog)
     except (InvalidMessage, templates.TemplateError) as exc:
         fail(f"invalid message: {exc}")
+    engine = database()
+    message = replace(message, tenant_id=tenant_id(engine, tenant))  # checked, now resolved
     try:
-        with database().begin() as conn:
-            (result,) = outbox_service.enqueue_many(
-                conn, [message], max_attempts=config.max_attempts, actor="cli"
-            )
+        if key is not None:
+            written = enqueue_once(message)
+        else:
+            written = write_one(engine, message, config.max_attempts)
     except InvalidMessage as exc:  # a `from` that is not the tenant's: nothing was written
         fail(f"invalid message: {exc}")
-    if not result.created:
-        typer.echo(f"(key {key!r} already enqueued: {result.message.status})", err=True)
-    typer.echo(str(result.message.id))
+    typer.echo(written)
 
 
-def read_text(option: str, path: Path) -> str:
+def json_option(option: str, value: str) -> Any:
     try:
-        return path.read_text(encoding="utf-8")
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        fail(f"{option} is not valid JSON: {exc}")
+
+
+def header_options(given: list[str]) -> dict[str, str]:
+    """--header 'Name: value' options as a mapping."""
+    headers: dict[str, str] = {}
+    for item in given:
+        name, sep, value = item.partition(":")
+        if not sep:
+            fail(f"--header {item!r} must look like 'Name: value'")
+        headers[name.strip()] = value.strip()
+    return headers
+
+
+def send_at_option(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        fail(f"--send-at {value!r} is not an ISO 8601 time")
+
+
+def expires_in_option(value: str | None) -> datetime | None:
+    from mailbag.cli.maintenance import parse_age
+    from mailbag.clock import utcnow
+
+    return None if value is None else utcnow() + parse_age(value)
+
+
+def write_one(engine: Engine, message: NewMessage, max_attempts: int) -> str:
+    """A checked message without a key into the outbox; its id."""
+    from mailbag.services.outbox import write_many
+
+    with engine.begin() as conn:
+        (result,) = write_many(conn, [message], max_attempts=max_attempts, actor="cli")
+    return str(result.message.id)
+
+
+def enqueue_once(message: NewMessage) -> str:
+    """An enqueue with a key, as POST /v1/messages does one (the same service, the same
+    fingerprint, the same record): the key and the same message again give the first id;
+    the key with another message exits 2 with the API's words for its 409."""
+    from mailbag.clock import utcnow
+    from mailbag.services import idempotency
+    from mailbag.services.messages import Messages
+
+    key = message.idempotency_key
+    try:
+        idempotency.check_key(key)
+    except idempotency.InvalidIdempotencyKey as exc:
+        fail(f"--key: {exc}")
+
+    async def create(engine: AsyncEngine) -> idempotency.Response:
+        return await Messages(engine, settings()).create(
+            key=key, message=message, now=utcnow(), actor="cli"
+        )
+
+    try:
+        answer = on_async_engine(create)
+    except idempotency.KeyReused as exc:
+        fail(f"--key {key!r}: {exc}; nothing was written")
+    if answer.replayed:
+        typer.echo(f"(key {key!r} already enqueued this message)", err=True)
+    return str(answer.body["id"])
+
+
+def body(option: str, value: str) -> str:
+    """A --html/--text value: the content itself, or `@FILE` (as curl's `-d @FILE`; `@-`
+    is standard input, `@@...` content that starts with `@`). A bare value naming a file
+    that exists is read as well, as these options did before, with a warning."""
+    if value.startswith("@@"):
+        return value[1:]
+    if value.startswith("@"):
+        return read_text(option, value[1:])
+    if _is_file(value):
+        typer.echo(
+            f"mailbag: warning: {option} {value} reads the file {value}; write "
+            f"{option} @{value} (a bare value will be taken as the content itself)",
+            err=True,
+        )
+        return read_text(option, value)
+    return value
+
+
+def _is_file(value: str) -> bool:
+    if "\n" in value or len(value) > 4096:  # content, not a path
+        return False
+    try:
+        path = Path(value)
+        return path.exists() and not path.is_dir()  # /dev/null and pipes included
+    except (OSError, ValueError):  # a name no file system has (too long, a NUL)
+        return False
+
+
+def read_text(option: str, name: str) -> str:
+    import sys
+
+    try:
+        raw = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+        return raw.decode("utf-8")
     except OSError as exc:
-        fail(f"{option} {path}: {exc.strerror or exc}")
+        fail(f"{option} @{name}: {exc.strerror or exc}")
     except UnicodeDecodeError:
-        fail(f"{option} {path} is not UTF-8 text")
+        fail(f"{option} @{name} is not UTF-8 text")
 
 
 def attachment(spec: str, max_bytes: int) -> Attachment:
@@ -233,7 +354,11 @@ def stats(
         Console().print(health_table(health))
 
 
-def top(interval: Annotated[float, typer.Option(help="Seconds between updates.")] = 2.0) -> None:
+def top(
+    interval: Annotated[
+        float, typer.Option(metavar="SECONDS", help="Seconds between updates.")
+    ] = 2.0,
+) -> None:
     """`stats`, live, until Ctrl-C."""
     import asyncio
     import contextlib
@@ -253,9 +378,14 @@ def top(interval: Annotated[float, typer.Option(help="Seconds between updates.")
 
 
 def requeue(
-    message_id: Annotated[str | None, typer.Argument(help="The message to send again.")] = None,
+    message_id: Annotated[
+        str | None, typer.Argument(metavar="MESSAGE_ID", help="The message to send again.")
+    ] = None,
     state: Annotated[
-        str | None, typer.Option(help="Requeue every message in this state (unknown or dead).")
+        str | None,
+        typer.Option(
+            metavar="STATE", help="Requeue every message in this state (unknown or dead)."
+        ),
     ] = None,
 ) -> None:
     """Send unknown or dead messages again (an operator's decision, never automatic)."""
@@ -279,7 +409,9 @@ def requeue(
     typer.echo(f"requeued {len(changed)} message(s)")
 
 
-def cancel(message_id: Annotated[str, typer.Argument(help="A pending message.")]) -> None:
+def cancel(
+    message_id: Annotated[str, typer.Argument(metavar="MESSAGE_ID", help="A pending message.")],
+) -> None:
     """Withdraw a pending message before any attempt."""
     from mailbag.clock import utcnow
     from mailbag.services.operations import NotAllowed
@@ -293,12 +425,16 @@ def cancel(message_id: Annotated[str, typer.Argument(help="A pending message.")]
 
 
 def resolve(
-    message_id: Annotated[str, typer.Argument(help="An unknown message.")],
-    evidence: Annotated[str, typer.Option(help="What shows the outcome (required).")],
+    message_id: Annotated[str, typer.Argument(metavar="MESSAGE_ID", help="An unknown message.")],
+    evidence: Annotated[
+        str, typer.Option(metavar="TEXT", help="What shows the outcome (required).")
+    ],
     sent: Annotated[
         bool, typer.Option("--sent/--failed", help="Was it accepted by the provider?")
     ] = True,
-    provider_message_id: Annotated[str | None, typer.Option(help="The provider's id.")] = None,
+    provider_message_id: Annotated[
+        str | None, typer.Option(metavar="ID", help="The provider's id.")
+    ] = None,
 ) -> None:
     """Settle an unknown message as sent or failed, from evidence."""
     from mailbag.clock import utcnow
@@ -325,55 +461,78 @@ def resolve(
 
 def reconcile() -> None:
     """Look for evidence about every unknown message now (workers do this regularly)."""
-    from mailbag import providers
     from mailbag.clock import utcnow
     from mailbag.services.reconciliation import Reconciler
+    from mailbag.worker import fleet
 
     config = settings()
 
     async def once(ops: Operations) -> Mapping[str, int]:
-        provider = providers.create(config.provider, config)
+        members = fleet.from_settings(config).members
         try:
             reconciler = Reconciler(
                 ops.engine,
-                provider=provider,
+                providers=members,
                 flag_after=timedelta(minutes=config.reconcile_flag_after_minutes),
             )
             return await reconciler.run_once(utcnow(), message_domain=config.message_id_host)
         finally:
-            await provider.aclose()
+            for provider in members.values():
+                await provider.aclose()
 
     typer.echo(json.dumps(dict(operations(once))))
 
 
-suppressions = typer.Typer(
-    help="The suppression list.", no_args_is_help=True, rich_markup_mode=None
-)
+suppressions = group("The suppression list: addresses a tenant never sends to.")
 
 
-@suppressions.command("list")
+TENANT = Annotated[str, typer.Argument(metavar="TENANT", help="Tenant id or name (or `default`).")]
+ADDRESS = Annotated[str, typer.Argument(metavar="ADDRESS", help="The email address.")]
+
+
+@suppressions.command("list", cls=Command)
 def suppressions_list(
-    tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
+    tenant: Annotated[
+        str | None, typer.Option(metavar="TENANT", help="Only this tenant's (id or name).")
+    ] = None,
 ) -> None:
-    found = operations(lambda ops: ops.suppressions(tenant_id=tenant, limit=1000))
-    for item in found:
+    """Suppressed addresses: tenant, address, reason, since."""
+    from mailbag.services.tenants import resolve_async
+
+    async def listing(ops: Operations) -> list[Any]:  # Suppressions (the CLI sees no store)
+        only = await resolve_async(ops.engine, tenant)
+        return await ops.suppressions(tenant_id=only, limit=1000)
+
+    for item in operations(listing):
         typer.echo(f"{item.tenant_id}\t{item.email}\t{item.reason}\t{item.created_at:%Y-%m-%d}")
 
 
-@suppressions.command("add")
-def suppressions_add(tenant: str, email: str) -> None:
+@suppressions.command("add", cls=Command)
+def suppressions_add(tenant: TENANT, email: ADDRESS) -> None:
     """Never send to this address for this tenant."""
     from mailbag.clock import utcnow
+    from mailbag.services.tenants import resolve_async
+
+    async def add(ops: Operations) -> bool:
+        owner = await resolve_async(ops.engine, tenant)
+        return await ops.suppress(tenant_id=owner, email=email, now=utcnow())
 
     try:
-        added = operations(lambda ops: ops.suppress(tenant_id=tenant, email=email, now=utcnow()))
+        added = operations(add)
     except ValueError as exc:
         fail(f"invalid address: {exc}")
     typer.echo("suppressed" if added else "already suppressed")
 
 
-@suppressions.command("remove")
-def suppressions_remove(tenant: str, email: str) -> None:
-    if not operations(lambda ops: ops.unsuppress(tenant_id=tenant, email=email)):
+@suppressions.command("remove", cls=Command)
+def suppressions_remove(tenant: TENANT, email: ADDRESS) -> None:
+    """Send to this address again."""
+    from mailbag.services.tenants import resolve_async
+
+    async def remove(ops: Operations) -> bool:
+        owner = await resolve_async(ops.engine, tenant)
+        return await ops.unsuppress(tenant_id=owner, email=email)
+
+    if not operations(remove):
         fail(f"{email} is not suppressed for {tenant}", code=1)
     typer.echo("removed")

@@ -15,13 +15,17 @@ from mailbag.cli.invocation import fail, prepare, settings
 
 
 def worker(
-    concurrency: Annotated[int | None, typer.Option(help="Sends in flight at once.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Messages claimed per round.")] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(metavar="N", help="Sends in flight at once.")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(metavar="N", help="Messages claimed per round.")
+    ] = None,
     worker_id: Annotated[
-        str | None, typer.Option("--id", help="Worker id (default host:pid).")
+        str | None, typer.Option("--id", metavar="ID", help="Worker id (default host:pid).")
     ] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Serve Prometheus metrics on this port.")
+        int | None, typer.Option(metavar="PORT", help="Serve Prometheus metrics on this port.")
     ] = None,
 ) -> None:
     """Send email from the outbox until SIGTERM/SIGINT, then drain and exit 0."""
@@ -45,7 +49,19 @@ def worker(
         fail(str(exc), code=1)
 
 
-def serve() -> None:
+HOST = Annotated[
+    str | None,
+    typer.Option(metavar="ADDRESS", help="Address to listen on (default MAILBAG_API_HOST)."),
+]
+PORT = Annotated[
+    int | None,
+    typer.Option(
+        metavar="PORT", min=0, max=65535, help="Port to listen on (default MAILBAG_API_PORT)."
+    ),
+]
+
+
+def serve(host: HOST = None, port: PORT = None) -> None:
     """Everything in one process: migrate, then run the API and the worker.
 
     Exits non-zero at once, saying why, if any part cannot start (or later stops on its own).
@@ -54,16 +70,13 @@ def serve() -> None:
 
     from mailbag import log, runtime
 
-    config = settings()
+    config = settings(api_host=host, api_port=port)
     log.configure(config.log_level)
     check_provider()
     prepare(upgrade=True, key=True)
 
-    def ready() -> None:  # only once the API listens
-        typer.echo(
-            f"mailbag: API on http://{config.api_host}:{config.api_port} (docs at /docs)",
-            err=True,
-        )
+    def ready(url: str) -> None:  # only once the API listens
+        listening(url)
         if config.provider == "file":
             typer.echo(f"mailbag: emails are written to {config.file_dir.resolve()}", err=True)
 
@@ -74,14 +87,12 @@ def serve() -> None:
 
 
 def api(
-    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
-    port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,
+    host: HOST = None,
+    port: PORT = None,
+    workers: Annotated[int, typer.Option(metavar="N", min=1, help="uvicorn worker processes.")] = 1,
 ) -> None:
     """Serve the HTTP API (and the console) with uvicorn; /metrics of any of its worker
     processes reports the counters of all of them."""
-    import uvicorn
-
     from mailbag import log, runtime
 
     config = settings(api_host=host, api_port=port)
@@ -94,7 +105,18 @@ def api(
         str(config.api_port),
     )
     with shared_metrics(workers):
-        uvicorn.run(**runtime.uvicorn_options(config, workers=workers))
+        try:
+            runtime.run_api(config, workers=workers, on_ready=listening)
+        except runtime.ServeFailed as exc:
+            fail(str(exc), code=1)
+
+
+def listening(url: str) -> None:
+    """One line for each part that listens, once it does: the API, and the console (under
+    /admin, served when ADMIN_PASSWORD is set)."""
+    typer.echo(f"mailbag: API on {url} (docs at {url}/docs)", err=True)
+    if settings().admin_password is not None:
+        typer.echo(f"mailbag: console on {url}/admin", err=True)
 
 
 @contextmanager

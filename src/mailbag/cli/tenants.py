@@ -6,15 +6,15 @@ from typing import Annotated
 
 import typer
 
+from mailbag.cli.help import Command, group
 from mailbag.cli.invocation import database, fail
+from mailbag.cli.tenant_accounts import account
 
-tenants = typer.Typer(
-    help="Tenants and their API keys.", no_args_is_help=True, rich_markup_mode=None
-)
+tenants = group("Tenants and their API keys.")
 
 
-@tenants.command("create")
-def create(name: Annotated[str, typer.Argument(help="A unique name.")]) -> None:
+@tenants.command("create", cls=Command)
+def create(name: Annotated[str, typer.Argument(metavar="NAME", help="A unique name.")]) -> None:
     """Create a tenant and print its API key (shown this once; only a digest is kept)."""
     from mailbag.services import tenants as tenant_service
 
@@ -28,7 +28,7 @@ def create(name: Annotated[str, typer.Argument(help="A unique name.")]) -> None:
     typer.echo(key)
 
 
-@tenants.command("list")
+@tenants.command("list", cls=Command)
 def list_() -> None:
     """List tenants (ids, names, key prefixes; never keys)."""
     from mailbag.services import tenants as tenant_service
@@ -37,21 +37,18 @@ def list_() -> None:
         typer.echo(f"{tenant.id}\t{tenant.name}\t{tenant.api_key_prefix}...")
 
 
-senders = typer.Typer(
-    help="The addresses a tenant may send from (a message's `from`), besides FROM_EMAIL.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-)
+senders = group("The addresses a tenant may send from (a message's `from`), besides FROM_EMAIL.")
 tenants.add_typer(senders, name="senders")
+tenants.add_typer(account, name="account")
 
-TENANT = Annotated[str, typer.Argument(help="Tenant id or name (or `default`).")]
+TENANT = Annotated[str, typer.Argument(metavar="TENANT", help="Tenant id or name (or `default`).")]
 
 
-@senders.command("add")
+@senders.command("add", cls=Command)
 def senders_add(
     tenant: TENANT,
-    address: Annotated[str, typer.Argument(help="The From address.")],
-    name: Annotated[str | None, typer.Option(help="Its display name.")] = None,
+    address: Annotated[str, typer.Argument(metavar="ADDRESS", help="The From address.")],
+    name: Annotated[str | None, typer.Option(metavar="NAME", help="Its display name.")] = None,
 ) -> None:
     """Let a tenant send from an address."""
     from mailbag.domain.message import InvalidMessage
@@ -66,7 +63,7 @@ def senders_add(
     typer.echo(f"{tenant_id} may send from {address}" + ("" if added else " (already could)"))
 
 
-@senders.command("list")
+@senders.command("list", cls=Command)
 def senders_list(tenant: TENANT) -> None:
     """A tenant's sender identities: address, name, when added."""
     from mailbag.services import tenants as tenant_service
@@ -79,9 +76,10 @@ def senders_list(tenant: TENANT) -> None:
         typer.echo(f"{sender.address}\t{sender.name or ''}\t{sender.created_at:%Y-%m-%d}")
 
 
-@senders.command("remove")
+@senders.command("remove", cls=Command)
 def senders_remove(
-    tenant: TENANT, address: Annotated[str, typer.Argument(help="The From address.")]
+    tenant: TENANT,
+    address: Annotated[str, typer.Argument(metavar="ADDRESS", help="The From address.")],
 ) -> None:
     """Stop a tenant sending from an address (messages already enqueued keep it)."""
     from mailbag.services import tenants as tenant_service

@@ -19,8 +19,8 @@ from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 import httpx
 
 from mailbag.client.core import Core, Plan, Send, Wait
-from mailbag.client.models import Message, MessageStatus
-from mailbag.client.operations import MessagePlans, VerificationPlans
+from mailbag.client.models import Message, MessagePage, MessageStatus
+from mailbag.client.operations import MAX_PAGE_SIZE, MessagePlans, VerificationPlans
 from mailbag.client.retry import Outcome, RetryPolicy
 
 P = ParamSpec("P")
@@ -140,6 +140,34 @@ def awaiting(
     return method
 
 
+class Paging:
+    """Where `iter` is across the pages, the same for both clients: which page to ask for
+    next, and how many of its messages to yield so that no more than `limit` are."""
+
+    def __init__(self, limit: int | None, page_size: int) -> None:
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be 0 or more (None for all), not {limit}")
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"page_size must be 1 to {MAX_PAGE_SIZE}, not {page_size}")
+        self.left, self.page_size = limit, page_size
+        self.cursor: str | None = None
+        self.done = limit == 0
+
+    def next_page_size(self) -> int | None:
+        """How many to ask for next; None: nothing more is wanted."""
+        if self.done:
+            return None
+        return self.page_size if self.left is None else min(self.page_size, self.left)
+
+    def taken(self, page: MessagePage) -> list[Message]:
+        items = page.items if self.left is None else page.items[: self.left]
+        if self.left is not None:
+            self.left -= len(items)
+        self.cursor = page.next_cursor
+        self.done = page.next_cursor is None or self.left == 0
+        return items
+
+
 class Messages(_BlockingResource):
     send = blocking(MessagePlans.send)
     send_batch = blocking(MessagePlans.send_batch)
@@ -148,16 +176,19 @@ class Messages(_BlockingResource):
     cancel = blocking(MessagePlans.cancel)
 
     def iter(
-        self, *, status: MessageStatus | None = None, to: str | None = None, page_size: int = 100
+        self,
+        *,
+        status: MessageStatus | None = None,
+        to: str | None = None,
+        limit: int | None = None,
+        page_size: int = MAX_PAGE_SIZE,
     ) -> Iterator[Message]:
-        """Every message, newest first, a page (`page_size`) at a time."""
-        cursor = None
-        while True:
-            page = self.list(status=status, to=to, limit=page_size, cursor=cursor)
-            yield from page.items
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
+        """Every message, newest first (at most `limit` of them; None: all), fetched
+        `page_size` (1 to 100) per request."""
+        paging = Paging(limit, page_size)
+        while (wanted := paging.next_page_size()) is not None:
+            page = self.list(status=status, to=to, limit=wanted, cursor=paging.cursor)
+            yield from paging.taken(page)
 
 
 class AsyncMessages(_AwaitingResource):
@@ -168,17 +199,20 @@ class AsyncMessages(_AwaitingResource):
     cancel = awaiting(MessagePlans.cancel)
 
     async def iter(
-        self, *, status: MessageStatus | None = None, to: str | None = None, page_size: int = 100
+        self,
+        *,
+        status: MessageStatus | None = None,
+        to: str | None = None,
+        limit: int | None = None,
+        page_size: int = MAX_PAGE_SIZE,
     ) -> AsyncIterator[Message]:
-        """Every message, newest first, a page (`page_size`) at a time."""
-        cursor = None
-        while True:
-            page = await self.list(status=status, to=to, limit=page_size, cursor=cursor)
-            for message in page.items:
+        """Every message, newest first (at most `limit` of them; None: all), fetched
+        `page_size` (1 to 100) per request."""
+        paging = Paging(limit, page_size)
+        while (wanted := paging.next_page_size()) is not None:
+            page = await self.list(status=status, to=to, limit=wanted, cursor=paging.cursor)
+            for message in paging.taken(page):
                 yield message
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
 
 
 class Verifications(_BlockingResource):

@@ -23,7 +23,17 @@ from mailbag.client.retry import Outcome, RetryPolicy
 
 T = TypeVar("T")
 
-USER_AGENT = "mailbag-client/0.1.0"
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mailbag")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+USER_AGENT = f"mailbag-client/{_version()}"
 
 
 @dataclass(frozen=True)

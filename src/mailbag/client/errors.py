@@ -5,6 +5,7 @@ case they handle and let the rest through:
     MailbagError                      anything this client raises
     ├── ConnectionFailed              no answer after the retries (__cause__: the httpx error)
     └── APIError                      an error answer: status, type, title, detail, errors
+                                      (a list of FieldError, in one shape whatever the case)
         ├── BadRequest                400 (invalid cursor, token, JSON, Idempotency-Key)
         ├── AuthenticationFailed      401: no API key, or a wrong one
         ├── PermissionDenied          403
@@ -28,6 +29,8 @@ once the retry policy gave up (client/retry.py).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -41,6 +44,41 @@ class MailbagError(Exception):
     """Anything this client raises."""
 
 
+@dataclass(frozen=True)
+class FieldError:
+    """What is wrong with one part of a request: `field` is its name as the request gives
+    it (`to`, `attachments[0].content`, `limit`), `message` the server's words."""
+
+    field: str
+    message: str
+
+
+# Where FastAPI says a schema error was; the field's own name is what callers know.
+_LOCATIONS = frozenset({"body", "query", "path", "header", "cookie"})
+
+
+def field_errors(raw: object) -> list[FieldError]:
+    """A problem's `errors` in one shape. The API gives a domain error's as an object of
+    field to message (an invalid or too-large message), a schema error's as a list of
+    {"loc", "msg", "type"} (a missing field, a malformed id); anything else is no errors."""
+    if isinstance(raw, Mapping):
+        return [FieldError(str(field), str(message)) for field, message in raw.items()]
+    if not isinstance(raw, list):
+        return []
+    found = []
+    for item in raw:
+        if not isinstance(item, Mapping):
+            continue
+        loc = list(item.get("loc") or [])
+        if len(loc) > 1 and loc[0] in _LOCATIONS:
+            loc = loc[1:]
+        name = ""
+        for part in loc:
+            name += f"[{part}]" if isinstance(part, int) else f"{'.' if name else ''}{part}"
+        found.append(FieldError(name, str(item.get("msg") or item.get("message") or "")))
+    return found
+
+
 class ConnectionFailed(MailbagError):
     """The server never answered (refused, reset, timed out), on every attempt made."""
 
@@ -50,8 +88,10 @@ class ConnectionFailed(MailbagError):
 
 
 class APIError(MailbagError):
-    """An error answer. `problem` is the whole problem+json body (extension members too);
-    `request_id` is the server's X-Request-ID, the key to its log lines."""
+    """An error answer. `errors` lists what is wrong field by field (`FieldError`s; empty
+    when the answer names no field); `problem` is the whole problem+json body as the server
+    sent it (extension members, and `errors` in its wire form, too); `request_id` is the
+    server's X-Request-ID, the key to its log lines."""
 
     def __init__(self, response: httpx.Response, problem: dict[str, Any], attempts: int) -> None:
         self.response = response
@@ -62,8 +102,7 @@ class APIError(MailbagError):
         self.title: str = str(problem.get("title") or response.reason_phrase)
         detail = problem.get("detail")
         self.detail: str | None = None if detail is None else str(detail)
-        errors = problem.get("errors")
-        self.errors: Any = errors
+        self.errors: list[FieldError] = field_errors(problem.get("errors"))
         self.request_id: str | None = response.headers.get("X-Request-ID")
         super().__init__(f"{self.status} {self.title}" + (f": {self.detail}" if detail else ""))
 

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mailbag.client.errors import FieldError, field_errors
 
 MessageStatus = Literal[
     "pending",
@@ -138,7 +140,8 @@ class Verification(_Answer):
 
 class Problem(_Answer):
     """An RFC 9457 problem: why one item of a batch was not written (what a single send
-    of it would have raised). Extension members (`errors`, ...) are kept."""
+    of it would have raised). `errors` as an APIError has them (`FieldError`s); other
+    extension members are kept."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
@@ -146,7 +149,12 @@ class Problem(_Answer):
     title: str
     status: int
     detail: str | None = None
-    errors: Any = None
+    errors: list[FieldError] = []
+
+    @field_validator("errors", mode="before")
+    @classmethod
+    def _one_shape(cls, value: object) -> list[FieldError]:
+        return field_errors(value)
 
 
 class BatchItemResult(_Answer):

@@ -31,6 +31,8 @@ from mailbag.client.models import (
 R = TypeVar("R")
 P = ParamSpec("P")
 
+MAX_PAGE_SIZE = 100  # the most messages GET /v1/messages answers per page (its `limit`)
+
 # One address as a string or an Address, or a list of them.
 Mailbox = str | Address
 Mailboxes = Mailbox | Sequence[Mailbox]
@@ -196,8 +198,8 @@ class MessagePlans:
         limit: int = 50,
         cursor: str | None = None,
     ) -> Plan[MessagePage]:
-        """One page of messages, newest first (`limit` 1 to 100); pass the page's
-        `next_cursor` as `cursor` for the next one. `iter` walks every page."""
+        """One page of messages, newest first (`limit` 1 to MAX_PAGE_SIZE, 100); pass the
+        page's `next_cursor` as `cursor` for the next one. `iter` walks every page."""
         params: dict[str, str | int] = {"limit": limit}
         for name, value in (("status", status), ("to", to), ("cursor", cursor)):
             if value is not None:

@@ -3,6 +3,8 @@ and asks; the second (confirm=yes) does it, writes its audit event and redirects
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import structlog
 from email_validator import EmailNotValidError
 from starlette.responses import Response
@@ -10,7 +12,13 @@ from starlette.responses import Response
 from mailbag.console.context import ACTOR, Console, ConsoleError
 from mailbag.console.forms import parse_filter
 from mailbag.console.render import utc
-from mailbag.console.views import REQUEUEABLE, actions_for, load_message, message_url
+from mailbag.console.views import (
+    REQUEUEABLE,
+    actions_for,
+    load_message,
+    message_url,
+    with_tenant,
+)
 from mailbag.domain.message import ERROR_MAX, TENANT_ID_MAX, Message, normalize_address
 from mailbag.services.operations import BULK_LIMIT, NotAllowed
 
@@ -42,11 +50,11 @@ def confirm(
     )
 
 
-def _message_details(message: Message) -> list[tuple[str, str]]:
+def _message_details(c: Console, message: Message) -> list[tuple[str, str]]:
     return [
         ("Message", str(message.id)),
         ("State", message.status),
-        ("Tenant", message.tenant_id),
+        ("Tenant", c.tenant_label(message.tenant_id)),
         ("To", message.to_address),
         ("Template", message.template_name or "none (ready-made content)"),
         ("Attempts", f"{message.attempt_count} of {message.max_attempts}"),
@@ -81,42 +89,59 @@ def _confirm_on(
         question=question,
         action=f"{message_url(message.id)}/{action}",
         fields=fields or {},
-        details=[*_message_details(message), *(details or [])],
+        details=[*_message_details(c, message), *(details or [])],
         back=message_url(message.id),
     )
 
 
-async def requeue(c: Console) -> Response:
-    message = await _message_for(c, "requeue")
+async def _once_confirmed(
+    c: Console,
+    action: str,
+    *,
+    title: str,
+    question: str,
+    change: Callable[[Message], Awaitable[str]],
+) -> Response:
+    """Ask to confirm `action` on the form's message, then `change` it and show the
+    message again with what `change` says was done."""
+    message = await _message_for(c, action)
     if not c.confirmed:
-        return _confirm_on(
-            c,
-            message,
-            "requeue",
-            title="Requeue this message?",
-            question="It becomes pending and a worker sends it again, with a fresh attempt "
-            "budget. If an earlier attempt did reach the recipient, they get it twice.",
+        return _confirm_on(c, message, action, title=title, question=question)
+    flash = await change(message)
+    return c.redirect(message_url(message.id), flash=flash)
+
+
+async def requeue(c: Console) -> Response:
+    async def change(message: Message) -> str:
+        changed = await c.services.operations.requeue(
+            message_ids=[message.id], now=c.now(), actor=ACTOR
         )
-    changed = await c.services.operations.requeue(
-        message_ids=[message.id], now=c.now(), actor=ACTOR
+        if not changed:  # it changed state between the two POSTs
+            raise NotAllowed("the message is no longer unknown or dead")
+        return "Requeued: the message is pending again."
+
+    return await _once_confirmed(
+        c,
+        "requeue",
+        title="Requeue this message?",
+        question="It becomes pending and a worker sends it again, with a fresh attempt "
+        "budget. If an earlier attempt did reach the recipient, they get it twice.",
+        change=change,
     )
-    if not changed:  # it changed state between the two POSTs
-        raise NotAllowed("the message is no longer unknown or dead")
-    return c.redirect(message_url(message.id), flash="Requeued: the message is pending again.")
 
 
 async def cancel(c: Console) -> Response:
-    message = await _message_for(c, "cancel")
-    if not c.confirmed:
-        return _confirm_on(
-            c,
-            message,
-            "cancel",
-            title="Cancel this message?",
-            question="It will never be sent. This cannot be undone.",
-        )
-    await c.services.operations.cancel(message_id=message.id, now=c.now(), actor=ACTOR)
-    return c.redirect(message_url(message.id), flash="Cancelled: the message will not be sent.")
+    async def change(message: Message) -> str:
+        await c.services.operations.cancel(message_id=message.id, now=c.now(), actor=ACTOR)
+        return "Cancelled: the message will not be sent."
+
+    return await _once_confirmed(
+        c,
+        "cancel",
+        title="Cancel this message?",
+        question="It will never be sent. This cannot be undone.",
+        change=change,
+    )
 
 
 async def resolve(c: Console) -> Response:
@@ -173,7 +198,7 @@ _FILTER_LABELS = (
 
 
 async def bulk_requeue(c: Console) -> Response:
-    form = parse_filter(c.form)
+    form = await with_tenant(c, parse_filter(c.form))
     if form.errors:
         problems = "; ".join(f"{name}: {why}" for name, why in form.errors.items())
         raise ConsoleError(400, "Invalid filter", problems)
@@ -191,7 +216,9 @@ async def bulk_requeue(c: Console) -> Response:
             question = (
                 f"More than {BULK_LIMIT} messages match; the first {BULK_LIMIT} are requeued."
             )
-        shown = [(label, form.values[name]) for name, label in _FILTER_LABELS if form.values[name]]
+        owner = form.filter.tenant_id
+        values = {**form.values, "tenant": c.tenant_label(owner) if owner else ""}
+        shown = [(label, values[name]) for name, label in _FILTER_LABELS if values[name]]
         return confirm(
             c,
             title="Requeue every matching message?",
@@ -213,15 +240,19 @@ def _messages(n: int) -> str:
     return f"{n} message" if n == 1 else f"{n} messages"
 
 
-def _tenant(c: Console) -> str:
+async def _tenant(c: Console) -> str:
+    """The id of the tenant the form names (by id or name); UnknownTenant if none."""
     tenant = c.form.get("tenant", "").strip()
     if not tenant or len(tenant) > TENANT_ID_MAX:
-        raise ConsoleError(400, "Tenant required", f"A tenant id of 1 to {TENANT_ID_MAX} chars.")
-    return tenant
+        raise ConsoleError(
+            400, "Tenant required", f"A tenant's id or name, 1 to {TENANT_ID_MAX} characters."
+        )
+    return await c.tenant_id(tenant)
 
 
 async def suppress(c: Console) -> Response:
-    tenant = _tenant(c)
+    tenant = await _tenant(c)
+    shown = c.tenant_label(tenant)
     try:
         email = normalize_address(c.form.get("email", "").strip())
     except EmailNotValidError as exc:
@@ -236,7 +267,7 @@ async def suppress(c: Console) -> Response:
             action="/admin/suppressions/add",
             fields={"tenant": tenant, "email": email, "detail": note},
             details=[
-                ("Tenant", tenant),
+                ("Tenant", shown),
                 ("Email", email),
                 ("Reason", "manual"),
                 *([("Note", note)] if note else []),
@@ -247,15 +278,13 @@ async def suppress(c: Console) -> Response:
         tenant_id=tenant, email=email, now=c.now(), reason="manual", detail=note or None
     )
     log.info("console_suppress", tenant=tenant, added=added, actor=ACTOR)
-    if added:
-        flash = f"Suppressed {email} for {tenant}."
-    else:
-        flash = f"{email} was already suppressed for {tenant}."
-    return c.redirect("/admin/suppressions", flash=flash)
+    done = "Suppressed {} for {}." if added else "{} was already suppressed for {}."
+    return c.redirect("/admin/suppressions", flash=done.format(email, shown))
 
 
 async def unsuppress(c: Console) -> Response:
-    tenant = _tenant(c)
+    tenant = await _tenant(c)
+    shown = c.tenant_label(tenant)
     # Removed as listed, unvalidated: an address a bounce stored must stay removable.
     email = c.form.get("email", "").strip()
     if not email:
@@ -267,13 +296,10 @@ async def unsuppress(c: Console) -> Response:
             question="Emails to this address from this tenant will be sent again.",
             action="/admin/suppressions/remove",
             fields={"tenant": tenant, "email": email},
-            details=[("Tenant", tenant), ("Email", email)],
+            details=[("Tenant", shown), ("Email", email)],
             back="/admin/suppressions",
         )
     removed = await c.services.operations.unsuppress(tenant_id=tenant, email=email)
     log.info("console_unsuppress", tenant=tenant, removed=removed, actor=ACTOR)
-    if removed:
-        flash = f"Removed the suppression of {email} for {tenant}."
-    else:
-        flash = f"{email} was not suppressed for {tenant}."
-    return c.redirect("/admin/suppressions", flash=flash)
+    done = "Removed the suppression of {} for {}." if removed else "{} was not suppressed for {}."
+    return c.redirect("/admin/suppressions", flash=done.format(email, shown))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -12,6 +12,7 @@ from starlette.responses import RedirectResponse, Response
 
 from mailbag import web
 from mailbag.console import auth, render
+from mailbag.services import tenants
 from mailbag.services.container import Services
 
 ACTOR = "operator:console"  # the actor of every audit event an action writes
@@ -31,6 +32,8 @@ class Console:
     gate: auth.Gate
     session: auth.ConsoleSession
     form: Mapping[str, str]  # the POSTed fields, CSRF already checked; empty on GET
+    # Every tenant's name by id, read once per request: pages show names beside ids.
+    tenant_names: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def services(self) -> Services:
@@ -38,6 +41,14 @@ class Console:
 
     def now(self) -> datetime:
         return self.services.clock()
+
+    async def tenant_id(self, tenant: str) -> str:
+        """The id of the tenant an operator typed (its id or its name); UnknownTenant if
+        none has it (the same resolution as the command line's and the admin API's)."""
+        return await tenants.resolve_async(self.services.engine, tenant)
+
+    def tenant_label(self, tenant_id: str) -> str:
+        return render.tenant_label(tenant_id, self.tenant_names)
 
     @property
     def confirmed(self) -> bool:
@@ -52,6 +63,7 @@ class Console:
             csrf=self.session.csrf,
             flash=flash,
             path=self.request.url.path,
+            tenant_names=self.tenant_names,
             **context,
         )
         if auth.FLASH_COOKIE in self.request.cookies:

@@ -8,6 +8,7 @@ Secrets never appear here: the service does not hand them out after creation.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from starlette.responses import Response
@@ -15,6 +16,7 @@ from starlette.responses import Response
 from mailbag.console.actions import confirm
 from mailbag.console.context import ACTOR, Console, ConsoleError
 from mailbag.console.forms import parse_id
+from mailbag.console.views import NO_SUCH_TENANT
 from mailbag.domain.hooks import CLAIMABLE_DELIVERIES, REPLAYABLE, DState, HookDelivery, HookEvent
 from mailbag.domain.message import TENANT_ID_MAX
 from mailbag.services.hooks import (
@@ -23,6 +25,7 @@ from mailbag.services.hooks import (
     NotReplayable,
     UnknownDelivery,
 )
+from mailbag.services.tenants import UnknownTenant
 
 PAGE_SIZE = 50
 # The states with a next attempt: those a worker claims from.
@@ -32,8 +35,8 @@ FILTERS = ("status", "tenant", "event")
 
 def _hooks(c: Console) -> Hooks | None:
     """The service; None when hooks are off (HOOKS_KEY unset): the page says so."""
-    settings = c.services.settings
-    return Hooks(c.services.engine, settings) if settings.hooks_enabled else None
+    hooks = c.services.hooks
+    return hooks if hooks.enabled else None
 
 
 def delivery_url(delivery_id: object) -> str:
@@ -66,6 +69,11 @@ async def page(c: Console) -> Response:
     values = {name: params.get(name, "").strip() for name in FILTERS}
     errors: dict[str, str] = {}
     where = _filter(values, errors)
+    if values["tenant"] and not errors.get("tenant"):  # typed as an id or a name
+        try:
+            where = replace(where, tenant_id=await c.tenant_id(values["tenant"]))
+        except UnknownTenant:
+            errors["tenant"] = NO_SUCH_TENANT
     cursor = params.get("cursor", "").strip() or None
     deliveries: list[HookDelivery] = []
     older = None
@@ -149,11 +157,11 @@ async def replay(c: Console) -> Response:
             details=[
                 ("Delivery", str(d.id)),
                 ("State", d.status),
-                ("Tenant", d.tenant_id),
+                ("Tenant", c.tenant_label(d.tenant_id)),
                 ("Event", d.event.value),
                 ("Endpoint", d.url or str(d.endpoint_id)),
                 ("webhook-id", d.webhook_id),
-                ("Attempts", f"{d.attempts} of {d.max_attempts}"),
+                ("Attempts", d.attempts_shown),
             ],
             back=back,
         )

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from starlette.responses import HTMLResponse
+
+from mailbag.domain.message import DEFAULT_TENANT
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -82,6 +85,21 @@ def as_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
 
 
+def tenant_label(tenant_id: str, names: Mapping[str, str]) -> str:
+    """How the console shows a tenant: its name, then its id; an id no tenant has is marked
+    so (rows written before tenants were checked may carry a name or a typo)."""
+    if tenant_id == DEFAULT_TENANT:
+        return tenant_id
+    name = names.get(tenant_id)
+    return f"{name} ({tenant_id})" if name is not None else f"{tenant_id} (no such tenant)"
+
+
+@jinja2.pass_context
+def _tenant(context: jinja2.runtime.Context, tenant_id: str) -> str:
+    """`{{ m.tenant_id | tenant }}`, with the names the page was given (Console.page)."""
+    return tenant_label(tenant_id, context.get("tenant_names") or {})
+
+
 _env = jinja2.Environment(
     loader=jinja2.FileSystemLoader(TEMPLATES),
     autoescape=True,
@@ -89,7 +107,9 @@ _env = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_env.filters.update(utc=utc, duration=duration, percent=percent, as_json=as_json, size=size)
+_env.filters.update(
+    utc=utc, duration=duration, percent=percent, as_json=as_json, size=size, tenant=_tenant
+)
 
 
 def html(template: str, *, status: int = 200, **context: Any) -> HTMLResponse:

@@ -11,9 +11,11 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from mailbag.console import actions, attachments, auth, hooks, render, views
+from mailbag.console import actions, attachments, auth, hooks, pauses, render, views
+from mailbag.console import tenants as tenant_pages
 from mailbag.console.context import Console, ConsoleError, Handler
 from mailbag.console.forms import BadForm, read_form
+from mailbag.services import tenants
 from mailbag.services.operations import NotAllowed
 from mailbag.settings import Settings
 from mailbag.web import client_address, services
@@ -27,8 +29,11 @@ PAGES: list[tuple[str, Handler]] = [
     ("/messages/{message_id}", views.message),
     ("/messages/{message_id}/attachments/{position}", attachments.download),
     ("/suppressions", views.suppressions),
+    ("/tenants", tenant_pages.tenants_page),
+    ("/tenants/{tenant_id}", tenant_pages.tenant_page),
     ("/hooks", hooks.page),
     ("/hooks/deliveries/{delivery_id}", hooks.delivery),
+    ("/pauses", pauses.paused),
 ]
 ACTIONS: list[tuple[str, Handler]] = [
     ("/messages/bulk-requeue", actions.bulk_requeue),
@@ -37,7 +42,11 @@ ACTIONS: list[tuple[str, Handler]] = [
     ("/messages/{message_id}/resolve", actions.resolve),
     ("/suppressions/add", actions.suppress),
     ("/suppressions/remove", actions.unsuppress),
+    ("/tenants/{tenant_id}/account", tenant_pages.set_account),
+    ("/tenants/{tenant_id}/account/remove", tenant_pages.remove_account),
     ("/hooks/deliveries/{delivery_id}/replay", hooks.replay),
+    ("/pauses/pause", pauses.pause),
+    ("/pauses/resume", pauses.resume),
 ]
 # Where a login may lead: console pages only, never another site ("//evil.example").
 _LOCAL_NEXT = re.compile(r"^/admin(/[^/\\][^\\\s]*)?(\?[^\s]*)?$")
@@ -77,7 +86,8 @@ def _guarded(gate: auth.Gate, handler: Handler) -> Endpoint:
             wanted = request.url.path + (f"?{request.url.query}" if request.url.query else "")
             target = wanted if request.method == "GET" else "/admin"
             return RedirectResponse(f"/admin/login?next={quote(target, safe='/')}", status_code=303)
-        c = Console(request, gate, session, {})
+        names = await tenants.names(services(request).engine)
+        c = Console(request, gate, session, {}, names)
         try:
             if request.method == "POST":
                 form = await read_form(request)
@@ -89,7 +99,7 @@ def _guarded(gate: auth.Gate, handler: Handler) -> Endpoint:
                         "The form's security token is missing or out of date. "
                         "Go back, reload the page and try again.",
                     )
-                c = Console(request, gate, session, form)
+                c = Console(request, gate, session, form, names)
             return await handler(c)
         except BadForm as exc:
             return c.error(ConsoleError(400, "Bad request", str(exc)))
@@ -97,6 +107,8 @@ def _guarded(gate: auth.Gate, handler: Handler) -> Endpoint:
             return c.error(exc)
         except NotAllowed as exc:
             return c.error(ConsoleError(409, "Not possible now", f"Nothing was changed: {exc}."))
+        except tenants.UnknownTenant as exc:  # a tenant typed into an action's form
+            return c.error(ConsoleError(400, "Unknown tenant", f"Nothing was changed: {exc}."))
 
     return endpoint
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from starlette.responses import Response
@@ -10,15 +11,19 @@ from starlette.responses import Response
 from mailbag.console import attachments
 from mailbag.console.chart import sent_chart
 from mailbag.console.context import Console, ConsoleError
-from mailbag.console.forms import parse_filter, parse_id
+from mailbag.console.forms import FilterForm, parse_filter, parse_id
 from mailbag.console.preview import inline_images, preview, redacted_data
 from mailbag.domain.content import Address, Priority
 from mailbag.domain.message import Message
 from mailbag.domain.states import Action, Status, sources
+from mailbag.services.pauses import Pauses, holding, what
+from mailbag.services.tenants import UnknownTenant
+from mailbag.store.fleet_state import Scope
 
 PAGE_SIZE = 50
 SUPPRESSIONS_PAGE_SIZE = 100
 REQUEUEABLE = sources(Action.REQUEUE)  # unknown, dead
+NO_SUCH_TENANT = "no tenant has this id or name"
 CANCELLABLE = sources(Action.CANCEL)  # pending
 RESOLVABLE = sources(Action.RESOLVE_SENT)  # unknown
 
@@ -42,8 +47,21 @@ async def overview(c: Console) -> Response:
     )
 
 
+async def with_tenant(c: Console, form: FilterForm) -> FilterForm:
+    """The filter with its tenant (typed as an id or a name) as the tenant's id, or an error
+    for the field if no tenant has it: an unknown tenant lists nothing, silently, otherwise."""
+    typed = form.values["tenant"]
+    if not typed:
+        return form
+    try:
+        owner = await c.tenant_id(typed)
+    except UnknownTenant:
+        return replace(form, errors={**form.errors, "tenant": NO_SUCH_TENANT})
+    return replace(form, filter=replace(form.filter, tenant_id=owner))
+
+
 async def messages(c: Console) -> Response:
-    form = parse_filter(c.request.query_params)
+    form = await with_tenant(c, parse_filter(c.request.query_params))
     before_raw = c.request.query_params.get("before", "")
     before = parse_id(before_raw) if before_raw else None
     errors = dict(form.errors)
@@ -90,9 +108,16 @@ def priority_label(value: int) -> str:
         return str(value)
 
 
+def pause_label(c: Console, scope: Scope, target: str) -> str:
+    """A pause's target as the console shows it: a tenant by its name and id."""
+    return what(scope, c.tenant_label(target) if scope is Scope.TENANT else target)
+
+
 async def message(c: Console) -> Response:
     found, transitions, provider_events = await load_message(c)
     images = await attachments.contents(c, inline_images(found))
+    # The pauses that hold it back, if it waits to be sent: said plainly at the top.
+    held = holding(await Pauses(c.services.engine).listing(), found)
     return c.page(
         "message.html",
         message=found,
@@ -103,6 +128,7 @@ async def message(c: Console) -> Response:
         transitions=transitions,
         provider_events=provider_events,
         actions=actions_for(found.status),
+        held=[(p, pause_label(c, p.scope, p.target)) for p in held],
     )
 
 
@@ -113,12 +139,20 @@ async def suppressions(c: Console) -> Response:
         offset = max(0, int(params.get("offset", "0")))
     except ValueError:
         offset = 0
-    # One more than a page tells whether a next page exists.
-    rows = await c.services.operations.suppressions(
-        tenant_id=tenant or None, limit=SUPPRESSIONS_PAGE_SIZE + 1, offset=offset
-    )
+    errors: dict[str, str] = {}
+    rows = []
+    try:
+        owner = await c.tenant_id(tenant) if tenant else None
+    except UnknownTenant:
+        errors["tenant"] = NO_SUCH_TENANT
+    else:  # one more than a page tells whether a next page exists
+        rows = await c.services.operations.suppressions(
+            tenant_id=owner, limit=SUPPRESSIONS_PAGE_SIZE + 1, offset=offset
+        )
     return c.page(
         "suppressions.html",
+        status=400 if errors else 200,
+        errors=errors,
         tenant=tenant,
         suppressions=rows[:SUPPRESSIONS_PAGE_SIZE],
         offset=offset,

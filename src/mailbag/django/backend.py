@@ -40,8 +40,9 @@ from mailbag.django import conf
 from mailbag.django.convert import message_fields
 from mailbag.django.outbox import write
 from mailbag.domain.content import Address
-from mailbag.domain.message import InvalidMessage, NewMessage, new_message
+from mailbag.domain.message import InvalidMessage, NewMessage
 from mailbag.domain.states import Status
+from mailbag.services.intake import Rules
 
 if TYPE_CHECKING:
     from mailbag.settings import Settings
@@ -107,14 +108,13 @@ class EmailBackend(BaseEmailBackend):  # type: ignore[misc]  # Django ships no t
 
     def _validated(self, email_messages: Sequence[Any]) -> list[NewMessage]:
         config = self.settings
+        rules = Rules.of(config)  # what mailbag.enqueue and the API check, from these settings
         default_from = Address(config.from_email, config.from_name)
         built = []
         for message in email_messages:
             try:
                 fields = message_fields(message, tenant=self.tenant, default_from=default_from)
-                built.append(
-                    new_message(**fields, address_rules=config.address_rules, limits=config.limits)
-                )
+                built.append(rules.message(**fields))
             except InvalidMessage as exc:
                 if not self.fail_silently:
                     raise

@@ -8,7 +8,7 @@ worker and the commands use, derived from Django's DATABASES.
         "SECRET_KEY": os.environ["MAILBAG_SECRET_KEY"],
     }
 
-Every other key is a mailbag setting (README: Settings), in any case. The keys given here
+Every other key is a mailbag setting (docs/settings.md), in any case. The keys given here
 win; the rest come from MAILBAG_* environment variables and mailbag.toml, as for the
 `mailbag` command. DATABASE_URL is never given: it is the alias's database. FROM_EMAIL
 (and FROM_NAME), when neither MAILBAG nor the environment gives it, is Django's
@@ -65,7 +65,7 @@ def mailbag_setting() -> dict[str, Any]:
     if unknown:
         raise ImproperlyConfigured(
             f"settings.MAILBAG has unknown keys: {', '.join(k.upper() for k in unknown)} "
-            "(mailbag settings are listed in its README)"
+            "(mailbag settings are listed in its docs/settings.md)"
         )
     if "database_url" in lowered:  # one database for the app, the outbox and the worker
         raise ImproperlyConfigured(

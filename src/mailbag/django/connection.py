@@ -4,7 +4,7 @@ holds for an alias, inside whatever transaction Django has open on it.
     with transaction.atomic(using="default"):
         Order.objects.create(...)
         with on_django_connection("default") as conn:   # a sqlalchemy Connection
-            enqueue_many(conn, messages)                 # committed or rolled back with Order
+            write_many(conn, messages)                   # committed or rolled back with Order
 
 Why an engine over Django's connection, and not a runner that compiles each statement for
 Django's cursor: plans read their answers through SQLAlchemy Results (rows by column name,

@@ -17,8 +17,6 @@ when Django commits.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from django.db import transaction
@@ -26,17 +24,19 @@ from django.db import transaction
 from mailbag import wakeup
 from mailbag.django import conf
 from mailbag.django.connection import on_django_connection
-from mailbag.domain.message import AddressInput, NewMessage, new_message
-from mailbag.services.outbox import enqueue_many
+from mailbag.domain.message import AddressInput, NewMessage
+from mailbag.services.intake import Rules
+from mailbag.services.outbox import write_many
 from mailbag.store.enqueue import Enqueued
 
 ACTOR = "django"  # the actor of the outbox events these enqueues write
 
 
 def write(alias: str, messages: Sequence[NewMessage], *, max_attempts: int) -> list[Enqueued]:
-    """Validated messages into the outbox of Django's database `alias`, in its transaction."""
+    """Messages services.intake checked into the outbox of Django's database `alias`, in
+    its transaction."""
     with transaction.atomic(using=alias), on_django_connection(alias) as conn:
-        results = enqueue_many(conn, messages, max_attempts=max_attempts, actor=ACTOR)
+        results = write_many(conn, messages, max_attempts=max_attempts, actor=ACTOR)
         if any(result.created for result in results):
             # Not wakeup.notify_after_commit: SQLAlchemy never sees Django's commit.
             transaction.on_commit(wakeup.notify, using=alias)
@@ -54,24 +54,10 @@ def enqueue(
     """`mailbag.enqueue` on Django's connection for `using` (default MAILBAG['DATABASE']),
     in the caller's transaction. `fields` are `new_message`'s (template and data, or
     subject/html/text; cc, bcc, attachments, priority, expires_at, idempotency_key, ...),
-    checked against the same settings the worker has, templates included. Raises
+    checked as `mailbag.enqueue` and the API check them, under the settings the worker has
+    (the provider's limits and address rules, its templates, a render with `data`). Raises
     InvalidMessage and writes nothing when a field is wrong."""
     alias = conf.database_alias(using)
     config = conf.mailbag_settings(alias)
-    message = new_message(
-        to=to,
-        tenant_id=conf.tenant(tenant),
-        known_templates=_template_names(config.templates_dir),
-        address_rules=config.address_rules,
-        limits=config.limits,
-        **fields,
-    )
+    message = Rules.of(config).message(to=to, tenant_id=conf.tenant(tenant), **fields)
     return write(alias, [message], max_attempts=max_attempts or config.max_attempts)[0]
-
-
-@lru_cache(maxsize=4)
-def _template_names(templates_dir: Path | None) -> frozenset[str]:
-    """The templates the worker can render (read once per process and folder)."""
-    from mailbag import templates
-
-    return templates.load(templates_dir).names()

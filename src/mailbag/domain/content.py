@@ -146,8 +146,8 @@ class Limits:
     max_attachment_bytes: int = 10 * MIB
     max_message_bytes: int = 10 * MIB  # attachments and bodies together, before encoding
     max_attachments: int = 20
-    # What the configured provider cannot carry (its class declares it; see
-    # providers.base.message_limits), refused at enqueue rather than failed at send time.
+    # What the configured provider cannot carry (its class's Capabilities; see
+    # services.intake.limits), refused at enqueue rather than failed at send time.
     max_reply_to: int | None = None
     max_name_length: int | None = None  # of a recipient's or Reply-To's display name
     attachment_extensions: frozenset[str] | None = None  # lower case, without the dot

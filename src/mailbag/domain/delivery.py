@@ -38,10 +38,17 @@ class Rejected:
 @dataclass(frozen=True)
 class Deferred:
     """A failure known to precede acceptance (connection refused, DNS, SMTP 4xx, HTTP 5xx).
-    Safe to retry; `retry_after` is the provider's own hint, if it gave one."""
+    Safe to retry; `retry_after` is the provider's own hint, if it gave one.
+
+    `provider_fault`: the failure is the provider's, not the message's (it could not be
+    reached, or answered an error about itself: 5xx, SMTP 421): the message waits for it,
+    or goes to the route's next provider, without spending an attempt, for as long as
+    QUEUE_LIFETIME. Otherwise (an SMTP 4xx about a recipient: greylisting, a full
+    mailbox) the message's own attempts are spent, as the retry policy says."""
 
     error: str
     retry_after: timedelta | None = None
+    provider_fault: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,7 @@ class Decision:
     next_attempt_at: datetime | None = None
     keep_attempt: bool = False
     ambiguous_since: datetime | None = None
+    provider: str | None = None  # the provider whose answer this is (one of a route's)
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,7 @@ class Attempt:
     max_attempts: int
     claimed_at: datetime
     ambiguous_since: datetime | None  # set when earlier attempts under this key were ambiguous
+    created_at: datetime | None = None  # when the message was enqueued (QUEUE_LIFETIME)
 
 
 def decide(
@@ -111,12 +120,17 @@ def decide(
     policy: RetryPolicy,
     key_window: timedelta | None,
     rng: random.Random | None = None,
+    queue_lifetime: timedelta | None = None,
 ) -> Decision:
     """The next transition for a claimed message, given how its send attempt ended.
 
     `key_window` is how long the provider deduplicates by our idempotency key (None: it
     does not). Within it, an ambiguous send may be retried with the same key, which is the
     same attempt again; outside it, the message is `unknown` and waits for evidence.
+
+    A provider's own failure (Deferred with `provider_fault`) spends no attempt: the
+    message is handed back, due again after the policy's delay, until `queue_lifetime`
+    after it was enqueued; past that it is dead.
     """
     if isinstance(outcome, Accepted):
         return Decision(
@@ -162,6 +176,8 @@ def decide(
         )
 
     assert isinstance(outcome, Deferred)
+    if outcome.provider_fault:
+        return _wait_for_provider(outcome, attempt, now, policy, rng, queue_lifetime)
     action = policy.after_transient_failure(attempt.number, attempt.max_attempts)
     if action is Action.BURY:
         return Decision(Action.BURY, error=outcome.error)
@@ -169,6 +185,33 @@ def decide(
     if outcome.retry_after is not None:
         delay = max(delay, outcome.retry_after)
     return Decision(Action.RETRY, error=outcome.error, next_attempt_at=now + delay)
+
+
+def _wait_for_provider(
+    outcome: Deferred,
+    attempt: Attempt,
+    now: datetime,
+    policy: RetryPolicy,
+    rng: random.Random | None,
+    queue_lifetime: timedelta | None,
+) -> Decision:
+    """The provider failed, not the message: hand it back unsent, no attempt spent, due
+    again after a delay (the provider's hint if it gave one), or dead once it has waited in
+    the queue longer than `queue_lifetime`."""
+    if (
+        queue_lifetime is not None
+        and attempt.created_at is not None
+        and now - attempt.created_at >= queue_lifetime
+    ):
+        return Decision(
+            Action.BURY,
+            error=f"{outcome.error} (in the queue longer than QUEUE_LIFETIME, "
+            f"{queue_lifetime.total_seconds() / 3600:g} h)",
+        )
+    delay = policy.delay(max(attempt.number, 1), rng)
+    if outcome.retry_after is not None:
+        delay = max(delay, outcome.retry_after)
+    return Decision(Action.RELEASE, error=outcome.error, next_attempt_at=now + delay)
 
 
 def _key_room(

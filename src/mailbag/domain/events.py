@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -22,7 +22,7 @@ from email_validator import EmailNotValidError
 from mailbag.domain.message import normalize_address
 
 # The providers whose webhook events mailbag reads (a provider is named as it is registered).
-EventSource = Literal["brevo", "ses"]
+EventSource = Literal["brevo", "ses", "sendgrid", "mailgun", "postmark", "resend"]
 
 
 class EventKind(StrEnum):
@@ -88,6 +88,41 @@ class ProviderEvent:
             raise ValueError("occurred_at must be an aware UTC datetime")
         if (self.kind is EventKind.BOUNCED) != (self.bounce_type is not None):
             raise ValueError("bounce_type is set exactly when kind is bounced")
+
+
+def keyed_event(
+    provider: EventSource,
+    name: str,
+    kind: EventKind,
+    bounce_type: BounceType | None,
+    occurred_at: datetime,
+    *,
+    recipient: str | None,
+    provider_message_id: str | None,
+    message_id: uuid.UUID | None,
+    detail: str | None,
+    raw: Mapping[str, Any],
+    provider_event_id: str | None = None,
+    content: tuple[object, ...] = (),
+) -> ProviderEvent:
+    """The event `name` (`kind`, with its bounce type) of `provider` about `recipient`, its
+    dedup key made from that same provider and recipient and from `provider_event_id` or
+    `content` (see dedup_key), so the key can name no other."""
+    return ProviderEvent(
+        provider=provider,
+        kind=kind,
+        provider_event=name,
+        bounce_type=bounce_type,
+        occurred_at=occurred_at,
+        provider_message_id=provider_message_id,
+        message_id=message_id,
+        recipient=recipient,
+        dedup_key=dedup_key(
+            provider, provider_event_id=provider_event_id, recipient=recipient, content=content
+        ),
+        detail=detail,
+        raw=raw,
+    )
 
 
 def suppresses(event: ProviderEvent) -> bool:
@@ -162,3 +197,18 @@ def dedup_key(
         parts = ("content", recipient, *content)
     encoded = json.dumps([provider, *parts], default=str, separators=(",", ":"))
     return f"{provider}:{hashlib.sha256(encoded.encode()).hexdigest()}"
+
+
+def parse_each(
+    items: Iterable[object], parse: Callable[[object], ProviderEvent]
+) -> tuple[list[ProviderEvent], list[InvalidPayload]]:
+    """Each item of a batched webhook body parsed alone: the usable events, and why each
+    other item was skipped (one bad item costs the others nothing)."""
+    found: list[ProviderEvent] = []
+    problems: list[InvalidPayload] = []
+    for item in items:
+        try:
+            found.append(parse(item))
+        except InvalidPayload as problem:
+            problems.append(problem)
+    return found, problems

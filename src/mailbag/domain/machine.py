@@ -34,11 +34,33 @@ class Counted:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """`count + 1 >= budget` when `spent` (the attempt being closed is the last one the
+    budget allows), else `count + 1 < budget`."""
+
+    count: str
+    budget: str
+    spent: bool
+
+    def holds(self, row: Mapping[str, Any]) -> bool:
+        return (row[self.count] + 1 >= row[self.budget]) is self.spent
+
+
+Condition = Counted | Budget
+
+
+@dataclass(frozen=True)
 class Transition(Generic[S, A]):
     source: S | None  # None: the row is being created
     action: A
     target: S
-    when: Counted | None = None  # for an action with several targets: which one applies
+    when: Condition | None = None  # for an action with several targets: which one applies
+
+
+def from_each(sources: Iterable[S], action: A, target: S) -> tuple[Transition[S, A], ...]:
+    """One transition per source, in order: `action` moves each of `sources` alike to
+    `target` (a row of the table written once for the states that share it)."""
+    return tuple(Transition(source, action, target) for source in sources)
 
 
 class Machine(Generic[S, A]):
@@ -61,12 +83,12 @@ class Machine(Generic[S, A]):
         (only,) = self.targets(action)
         return only
 
-    def choices(self, action: A) -> list[tuple[Counted, S]]:
+    def choices(self, action: A) -> list[tuple[Condition, S]]:
         """An action's targets that depend on the row, each with its condition; [] if it has
         a single target."""
         return sorted(
             {(t.when, t.target) for t in self.transitions if t.action is action and t.when},
-            key=lambda choice: (choice[0].column, choice[0].positive),
+            key=lambda choice: repr(choice[0]),
         )
 
     def target_for(self, action: A, row: Mapping[str, Any]) -> S:

@@ -8,7 +8,7 @@ import unicodedata
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import idna
 from email_validator import EmailNotValidError, validate_email
@@ -99,7 +99,7 @@ ALLOW_TEST_DOMAINS_SETTING = "MAILBAG_ALLOW_TEST_DOMAINS"
 @dataclass(frozen=True)
 class AddressRules:
     """Which addresses this deployment can send to: the settings and the provider decide
-    (`Settings.address_rules`; the API, the CLI and verifications pass it).
+    (services.intake.address_rules, which every door goes through).
 
     The default, for callers that know no provider: no test domains, UTF-8 local parts
     allowed (a provider that cannot carry one rejects the send). `provider` only names the
@@ -162,6 +162,36 @@ class NewMessage:
     @property
     def to_name(self) -> str | None:
         return self.recipients.to[0].name
+
+    def fields(self) -> dict[str, Any]:
+        """The `new_message` arguments that build this message again, so that a message
+        made under one set of rules can be checked under another (the deployment's, at
+        `mailbag.enqueue_many`). HTML is already inlined and its text part made."""
+        return {
+            "to": self.recipients.to,
+            "cc": self.recipients.cc,
+            "bcc": self.recipients.bcc,
+            "reply_to": self.reply_to,
+            "from_address": self.from_address,
+            "from_name": self.from_name,
+            "template": self.template_name,
+            "data": self.template_data if self.template_name is not None else None,
+            "subject": self.subject,
+            "html": self.html,
+            "text": self.text,
+            "attachments": self.attachments,
+            "headers": self.headers,
+            "tags": self.tags,
+            "metadata": self.metadata,
+            "tenant_id": self.tenant_id,
+            "idempotency_key": self.idempotency_key,
+            "send_at": self.send_at,
+            "expires_at": self.expires_at,
+            "priority": self.priority,
+            "unsubscribe_url": self.unsubscribe_url,
+            "unsubscribe_mailto": self.unsubscribe_mailto,
+            "max_attempts": self.max_attempts,
+        }
 
 
 def truncate_error(error: str | None) -> str | None:
@@ -284,22 +314,106 @@ def new_message(
     content is a `template` with `data`, or ready-made: `subject` with `html` and/or
     `text` (the text part is generated from the HTML when only HTML is given;
     `inline_css` moves its <style> rules into style attributes first). `address_rules`
-    says what the deployment can send to, `limits` how much one message may carry; the
-    API and the CLI pass the configured ones. Size problems raise MessageTooLarge."""
-    errors: dict[str, str] = {}
-    too_large: dict[str, str] = {}
+    says what the deployment can send to, `limits` how much one message may carry
+    (services.intake passes the deployment's). Size problems raise MessageTooLarge."""
+    check = _Check(address_rules, limits)
+    # Each group of fields has its checks, run in this order (errors name the fields in the
+    # order they were found).
+    parties = _parties(to, to_name, cc, bcc, reply_to, from_address, from_name, check)
+    _check_text("subject", subject, SUBJECT_MAX, check.errors)
+    owner = _owner(tenant_id, idempotency_key, check.errors)
+    content = _content(
+        template, data, subject, html, text, inline_css, attachments, known_templates, check
+    )
+    unsubscribing = unsubscribe_url is not None or unsubscribe_mailto is not None
+    labels = _labels(metadata, headers, tags, bool(parties["reply_to"]), unsubscribing, check)
+    delivery = _delivery(
+        priority, unsubscribe_url, unsubscribe_mailto, max_attempts, send_at, expires_at, check
+    )
+    check.verdict()
+    return NewMessage(**parties, **owner, **content, **labels, **delivery)
 
-    def check_text(name: str, value: str | None, limit: int, *, header: bool = True) -> None:
-        if value is None:
-            return
-        if not isinstance(value, str):
-            errors[name] = "must be a string"
-        elif header and (problem := unsafe_text(value)) is not None:
-            errors[name] = problem
-        elif len(value) > limit:
-            errors[name] = f"is {len(value)} characters; the limit is {limit}"
 
-    check_text("to_name", to_name, NAME_MAX)
+@dataclass(frozen=True)
+class _Check:
+    """What the checks of one new message share: the deployment's rules, and the problems
+    found so far (size problems apart: they make the error a MessageTooLarge)."""
+
+    rules: AddressRules
+    limits: Limits
+    errors: dict[str, str] = field(default_factory=dict)
+    too_large: dict[str, str] = field(default_factory=dict)
+
+    def verdict(self) -> None:
+        """Raise what was found, all of it at once."""
+        if self.too_large:
+            raise MessageTooLarge({**self.errors, **self.too_large})
+        if self.errors:
+            raise InvalidMessage(self.errors)
+
+
+# What each group of checks hands to NewMessage.
+class _Parties(TypedDict):
+    recipients: Recipients
+    reply_to: tuple[Address, ...]
+    from_address: str | None
+    from_name: str | None
+
+
+class _Owner(TypedDict):
+    tenant_id: str
+    idempotency_key: str | None
+
+
+class _Content(TypedDict):
+    template_name: str | None
+    template_data: dict[str, Any]
+    subject: str | None
+    html: str | None
+    text: str | None
+    attachments: tuple[Attachment, ...]
+
+
+class _Labels(TypedDict):
+    headers: dict[str, str]
+    tags: list[str]
+    metadata: dict[str, Any]
+
+
+class _Delivery(TypedDict):
+    priority: Priority
+    unsubscribe_url: str | None
+    unsubscribe_mailto: str | None
+    max_attempts: int | None
+    send_at: datetime | None
+    expires_at: datetime | None
+
+
+def _check_text(name: str, value: str | None, limit: int, errors: dict[str, str]) -> None:
+    """A single-line text: a string, safe in a header, at most `limit` characters."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        errors[name] = "must be a string"
+    elif (problem := unsafe_text(value)) is not None:
+        errors[name] = problem
+    elif len(value) > limit:
+        errors[name] = f"is {len(value)} characters; the limit is {limit}"
+
+
+def _parties(
+    to: AddressInput | Sequence[AddressInput],
+    to_name: str | None,
+    cc: Sequence[AddressInput] | None,
+    bcc: Sequence[AddressInput] | None,
+    reply_to: AddressInput | Sequence[AddressInput] | None,
+    from_address: str | None,
+    from_name: str | None,
+    check: _Check,
+) -> _Parties:
+    """Who the message goes to (to, cc, bcc), whom replies go to, and whom it is from."""
+    errors, rules, limits = check.errors, check.rules, check.limits
+    _check_text("to_name", to_name, NAME_MAX, errors)
     if isinstance(to, str) and to_name and "to_name" not in errors:
         to = Address(to, to_name)
     # Counted before any address is checked: a list of a million is refused at once.
@@ -311,29 +425,86 @@ def new_message(
         recipients = Recipients(to=())
     else:
         recipients = Recipients(
-            to=_addresses("to", to, errors, address_rules, limits, required=True),
-            cc=_addresses("cc", cc, errors, address_rules, limits),
-            bcc=_addresses("bcc", bcc, errors, address_rules, limits),
+            to=_addresses("to", to, errors, rules, limits, required=True),
+            cc=_addresses("cc", cc, errors, rules, limits),
+            bcc=_addresses("bcc", bcc, errors, rules, limits),
         )
-    replies = _addresses("reply_to", reply_to, errors, address_rules, limits)
+    replies = _addresses("reply_to", reply_to, errors, rules, limits)
     if limits.max_reply_to is not None and len(replies) > limits.max_reply_to:
         errors["reply_to"] = (
             f"the configured provider ({limits.provider}) takes at most "
             f"{limits.max_reply_to} Reply-To address(es)"
         )
-    sender = (
-        _address("from", from_address, errors, address_rules) if from_address is not None else None
-    )
-    check_text("from_name", from_name, NAME_MAX)
-    check_text("subject", subject, SUBJECT_MAX)
-    check_text("tenant_id", tenant_id, TENANT_ID_MAX)
+    sender = _address("from", from_address, errors, rules) if from_address is not None else None
+    _check_text("from_name", from_name, NAME_MAX, errors)
+    return {
+        "recipients": recipients,
+        "reply_to": replies,
+        "from_address": sender,
+        "from_name": from_name or None,
+    }
+
+
+def _owner(tenant_id: str, idempotency_key: str | None, errors: dict[str, str]) -> _Owner:
+    """Whose message it is, and the key it is known by."""
+    _check_text("tenant_id", tenant_id, TENANT_ID_MAX, errors)
     if not tenant_id:
         errors["tenant_id"] = "must not be empty"
-    check_text("idempotency_key", idempotency_key, IDEMPOTENCY_KEY_MAX)
+    _check_text("idempotency_key", idempotency_key, IDEMPOTENCY_KEY_MAX, errors)
     if idempotency_key is not None and not idempotency_key.strip():
         errors["idempotency_key"] = "must not be blank"
+    return {"tenant_id": tenant_id, "idempotency_key": idempotency_key}
 
+
+def _content(
+    template: str | None,
+    data: Mapping[str, Any] | None,
+    subject: str | None,
+    html: str | None,
+    text: str | None,
+    inline: bool,
+    attachments: Sequence[Attachment] | None,
+    known_templates: Collection[str] | None,
+    check: _Check,
+) -> _Content:
+    """What the message says: a template with its data, or ready-made bodies; and what it
+    carries (attachments), within the message's size limit."""
+    errors, too_large, limits = check.errors, check.too_large, check.limits
     ready_made = html is not None or text is not None
+    data = _template(template, data, subject, ready_made, inline, known_templates, errors)
+    html, text = _body(html, text, inline, errors, too_large)
+    files = _attachments(attachments, errors, too_large, limits)
+    body_bytes = sum(len(part.encode()) for part in (html or "", text or ""))
+    total = body_bytes + sum(a.size for a in files)
+    if total > limits.max_message_bytes and not too_large:
+        too_large["attachments"] = (
+            f"the message carries {total} bytes (bodies and attachments); the limit is "
+            f"{limits.max_message_bytes}"
+        )
+    cid_problem = unresolved_cid(html, files) if html is not None else None
+    if cid_problem is not None and "attachments" not in errors:
+        errors["html"] = cid_problem
+    return {
+        "template_name": template,
+        "template_data": _json_object("data", data, errors, TEMPLATE_DATA_MAX_BYTES),
+        "subject": subject,
+        "html": html,
+        "text": text,
+        "attachments": files,
+    }
+
+
+def _template(
+    template: str | None,
+    data: Mapping[str, Any] | None,
+    subject: str | None,
+    ready_made: bool,
+    inline: bool,
+    known_templates: Collection[str] | None,
+    errors: dict[str, str],
+) -> Mapping[str, Any] | None:
+    """A template (a known name) or ready-made content (html, text), never both; the data
+    a template has."""
     if template is None and not ready_made:
         errors["template"] = "give a template, or ready-made content (subject with html or text)"
     elif template is not None and ready_made:
@@ -351,41 +522,50 @@ def new_message(
         data = {}
     if ready_made and data:
         errors["data"] = "is for templates; ready-made content is sent as given"
-    if template is not None and inline_css:
+    if template is not None and inline:
         errors["inline_css"] = "applies to ready-made html only"
+    return data
 
-    html, text = _body(html, text, inline_css, errors, too_large)
-    files = _attachments(attachments, errors, too_large, limits)
-    body_bytes = sum(len(part.encode()) for part in (html or "", text or ""))
-    total = body_bytes + sum(a.size for a in files)
-    if total > limits.max_message_bytes and not too_large:
-        too_large["attachments"] = (
-            f"the message carries {total} bytes (bodies and attachments); the limit is "
-            f"{limits.max_message_bytes}"
-        )
-    cid_problem = unresolved_cid(html, files) if html is not None else None
-    if cid_problem is not None and "attachments" not in errors:
-        errors["html"] = cid_problem
 
-    template_data = _json_object("data", data, errors, TEMPLATE_DATA_MAX_BYTES)
+def _labels(
+    metadata: Mapping[str, Any] | None,
+    headers: Mapping[str, str] | None,
+    tags: Sequence[str] | None,
+    replying: bool,
+    unsubscribing: bool,
+    check: _Check,
+) -> _Labels:
+    """What the message is labelled with: the caller's metadata, extra headers (none that
+    a field of its own sets: Reply-To, List-Unsubscribe) and tags."""
+    errors = check.errors
     meta = _json_object("metadata", metadata, errors, TEMPLATE_DATA_MAX_BYTES)
     clean_headers = _headers(headers or {}, errors)
-    for header, given in (
-        ("reply-to", bool(replies)),
-        ("list-unsubscribe", unsubscribe_url is not None or unsubscribe_mailto is not None),
-    ):
+    for header, given in (("reply-to", replying), ("list-unsubscribe", unsubscribing)):
         if given and any(name.lower() == header for name in clean_headers):
             errors["headers"] = f"{header} is set by its own field here; do not give both"
-    clean_tags = _tags(tags or (), errors)
+    return {"headers": clean_headers, "tags": _tags(tags or (), errors), "metadata": meta}
+
+
+def _delivery(
+    priority: Priority | str | int | None,
+    unsubscribe_url: str | None,
+    unsubscribe_mailto: str | None,
+    max_attempts: int | None,
+    send_at: datetime | None,
+    expires_at: datetime | None,
+    check: _Check,
+) -> _Delivery:
+    """How and when it goes out: its priority, its List-Unsubscribe targets (a one-click
+    https:// URL, a mailto: address), how many attempts, from when and until when."""
+    errors = check.errors
     level = _priority(priority, errors)
     if unsubscribe_url is not None and (problem := _unsubscribe_url_problem(unsubscribe_url)):
         errors["unsubscribe_url"] = problem
     mailto = (
-        _address("unsubscribe_mailto", unsubscribe_mailto, errors, address_rules)
+        _address("unsubscribe_mailto", unsubscribe_mailto, errors, check.rules)
         if unsubscribe_mailto is not None
         else None
     )
-
     if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
         errors["max_attempts"] = "must be a positive integer"
     for name, moment in (("send_at", send_at), ("expires_at", expires_at)):
@@ -393,36 +573,19 @@ def new_message(
             errors[name] = "must carry a time zone"
         elif moment is not None and (problem := storable.time_problem(moment)) is not None:
             errors[name] = problem
-    if send_at and expires_at and expires_at <= send_at and not errors.keys() & {"send_at"}:
+    # Compared only when both carry a zone: a naive one is refused above, and comparing it
+    # with an aware one would raise TypeError.
+    zoned = send_at and expires_at and send_at.tzinfo and expires_at.tzinfo
+    if zoned and send_at and expires_at and expires_at <= send_at and "send_at" not in errors:
         errors["expires_at"] = "must be after send_at"
-
-    if too_large:
-        raise MessageTooLarge({**errors, **too_large})
-    if errors:
-        raise InvalidMessage(errors)
-    return NewMessage(
-        recipients=recipients,
-        template_name=template,
-        template_data=template_data,
-        from_address=sender,
-        from_name=from_name or None,
-        reply_to=replies,
-        subject=subject,
-        html=html,
-        text=text,
-        attachments=files,
-        headers=clean_headers,
-        tags=clean_tags,
-        metadata=meta,
-        tenant_id=tenant_id,
-        idempotency_key=idempotency_key,
-        send_at=send_at,
-        expires_at=expires_at,
-        priority=level,
-        unsubscribe_url=unsubscribe_url,
-        unsubscribe_mailto=mailto,
-        max_attempts=max_attempts,
-    )
+    return {
+        "priority": level,
+        "unsubscribe_url": unsubscribe_url,
+        "unsubscribe_mailto": mailto,
+        "max_attempts": max_attempts,
+        "send_at": send_at,
+        "expires_at": expires_at,
+    }
 
 
 def _count(value: object) -> int:

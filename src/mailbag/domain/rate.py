@@ -208,15 +208,20 @@ class Pace:
 
     A chunk leaves at its slot, but a worker whose event loop was held up (a GC pause, a
     starved CPU) wakes with several past slots at once and would send them in one burst,
-    over the provider's per-second count. Each chunk also asks here (a virtual scheduling
-    clock, as GCRA keeps it): it may leave as much as one chunk's time ahead of `due`, so a
-    send a little late takes nothing from the next one, and the rest of a late burst
-    follows at the rate."""
+    over the provider's per-second count. So each chunk also takes its turn here, right
+    before it sends (a virtual scheduling clock, as GCRA keeps it): it may leave as much as
+    one chunk's time ahead of `due`, so a send a little late takes nothing from the next
+    one, and the rest of a late burst follows at the rate. A turn is booked only when it is
+    taken, never while a chunk waits: chunks whose waits all end in the same stall still
+    leave one chunk's time apart, so any three sends span at least that long."""
 
     due: float = -math.inf  # when the next send would leave at the rate, on time
 
-    def wait(self, count: int, rate: float, now: float) -> float:
-        """Seconds to wait before sending `count` emails at `now`; books them."""
+    def take(self, count: int, rate: float, now: float) -> float:
+        """0 when `count` emails may leave at `now` (their turn is then booked); else the
+        seconds to wait before asking again (nothing booked)."""
         start = max(now, self.due - count / rate)
-        self.due = max(self.due, start) + count / rate
-        return start - now
+        if start > now:
+            return start - now
+        self.due = max(self.due, now) + count / rate
+        return 0.0

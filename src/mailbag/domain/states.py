@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from mailbag.domain.machine import Counted, Machine, Transition
+from mailbag.domain.machine import Counted, Machine, Transition, from_each
 
 
 class Status(StrEnum):
@@ -53,8 +53,7 @@ NEVER_ATTEMPTED, ATTEMPTED = (
 TRANSITIONS: tuple[Transition[Status, Action], ...] = (
     Transition(None, A.ENQUEUE, S.PENDING),
     Transition(None, A.SUPPRESS, S.FAILED),
-    Transition(S.PENDING, A.CLAIM, S.PROCESSING),
-    Transition(S.RETRYING, A.CLAIM, S.PROCESSING),
+    *from_each((S.PENDING, S.RETRYING), A.CLAIM, S.PROCESSING),
     Transition(S.PROCESSING, A.MARK_SENT, S.SENT),
     Transition(S.PROCESSING, A.RETRY, S.RETRYING),
     Transition(S.PROCESSING, A.FAIL, S.FAILED),
@@ -64,8 +63,7 @@ TRANSITIONS: tuple[Transition[Status, Action], ...] = (
     Transition(S.PROCESSING, A.RELEASE, S.RETRYING, when=ATTEMPTED),
     Transition(S.PROCESSING, A.EXPIRE, S.UNKNOWN),
     Transition(S.PROCESSING, A.LAPSE, S.EXPIRED),
-    Transition(S.UNKNOWN, A.REQUEUE, S.PENDING),
-    Transition(S.DEAD, A.REQUEUE, S.PENDING),
+    *from_each((S.UNKNOWN, S.DEAD), A.REQUEUE, S.PENDING),
     Transition(S.PENDING, A.CANCEL, S.CANCELLED),
     Transition(S.UNKNOWN, A.RESOLVE_SENT, S.SENT),
     Transition(S.UNKNOWN, A.RESOLVE_FAILED, S.FAILED),

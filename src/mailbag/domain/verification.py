@@ -29,7 +29,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from mailbag.domain.machine import Machine, Transition
+from mailbag.domain.machine import Machine, Transition, from_each
 from mailbag.domain.message import Message
 from mailbag.domain.states import Status
 
@@ -56,7 +56,9 @@ class VAction(StrEnum):
 
 
 V, VA = VState, VAction
-UNFINISHED = (V.CREATED, V.SEND_PENDING, V.SENT, V.SEND_FAILED)
+# Its email was enqueued, whatever became of it: it may be resent, or confirmed.
+ENQUEUED = (V.SEND_PENDING, V.SENT, V.SEND_FAILED)
+UNFINISHED = (V.CREATED, *ENQUEUED)
 
 TRANSITIONS: tuple[Transition[VState, VAction], ...] = (
     Transition(None, VA.CREATE, V.CREATED),
@@ -65,14 +67,10 @@ TRANSITIONS: tuple[Transition[VState, VAction], ...] = (
     Transition(V.SEND_PENDING, VA.MESSAGE_SENT, V.SENT),
     Transition(V.SEND_PENDING, VA.MESSAGE_FAILED, V.SEND_FAILED),
     Transition(V.SEND_FAILED, VA.MESSAGE_REQUEUED, V.SEND_PENDING),
-    Transition(V.SEND_PENDING, VA.RESEND, V.SEND_PENDING),
-    Transition(V.SENT, VA.RESEND, V.SEND_PENDING),
-    Transition(V.SEND_FAILED, VA.RESEND, V.SEND_PENDING),
+    *from_each(ENQUEUED, VA.RESEND, V.SEND_PENDING),
     # Holding the token proves the email arrived, whatever the outbox concluded.
-    Transition(V.SEND_PENDING, VA.CONFIRM, V.VERIFIED),
-    Transition(V.SENT, VA.CONFIRM, V.VERIFIED),
-    Transition(V.SEND_FAILED, VA.CONFIRM, V.VERIFIED),
-    *(Transition(state, VA.EXPIRE, V.EXPIRED) for state in UNFINISHED),
+    *from_each(ENQUEUED, VA.CONFIRM, V.VERIFIED),
+    *from_each(UNFINISHED, VA.EXPIRE, V.EXPIRED),
 )
 
 VERIFICATIONS: Machine[VState, VAction] = Machine(TRANSITIONS)

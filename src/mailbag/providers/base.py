@@ -8,8 +8,11 @@ what it needs as keyword arguments, and register its `from_settings` (or any fun
 Settings to the provider, annotated with the class it returns),
 
     from mailbag.providers import register
+    from mailbag.providers.base import Capabilities, SendOneByOne
 
     class PostmarkProvider(SendOneByOne):
+        capabilities = Capabilities(max_reply_to=1)  # what enqueue must refuse for it
+
         def __init__(self, *, server_token: str, timeout: float) -> None: ...
 
         @classmethod
@@ -28,18 +31,32 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Protocol, get_type_hints, runtime_checkable
+from typing import Protocol, get_type_hints, runtime_checkable
 
 from mailbag.compose import OutgoingEmail
-from mailbag.domain.content import Limits
 from mailbag.domain.delivery import SendOutcome
-from mailbag.domain.message import AddressRules
-
-if TYPE_CHECKING:
-    from mailbag.settings import Settings
 
 # With these providers nothing leaves the machine: test domains are fine by default.
 LOCAL_PROVIDERS = frozenset({"console", "file", "capture"})
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a provider can carry, declared by its class (`capabilities = Capabilities(...)`)
+    and read without building it, so that enqueue refuses what the configured provider
+    would refuse at send time (services.intake turns it into the address rules and limits).
+
+    The defaults are what a provider that declares nothing gets: no UTF-8 local parts (only
+    SMTPUTF8 carries them), and no limits of its own on Reply-To, names or file types."""
+
+    # An address whose local part is not ASCII (`zoë@example.com`, RFC 6531 SMTPUTF8).
+    utf8_local_part: bool = False
+    max_reply_to: int | None = None  # Reply-To addresses; None: as many as the message has
+    max_name_length: int | None = None  # of a recipient's or Reply-To's display name
+    attachment_extensions: frozenset[str] | None = None  # lower case, no dot; None: any
+    # Settings (without MAILBAG_<KIND>_) it cannot send without: a `[providers.NAME]` table
+    # missing one stops the worker at start (with only PROVIDER set, sends are Disabled).
+    required_settings: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -50,10 +67,9 @@ class Provider(Protocol):
     # How long the provider deduplicates by `OutgoingEmail.idempotency_key`; None if it
     # does not, in which case an ambiguous send can never be retried safely.
     idempotency_window: timedelta | None
-    # Optional (a provider without it is taken not to): whether it can send to an address
-    # whose local part is not ASCII (`zoë@example.com`, SMTPUTF8). Enqueue refuses such
-    # addresses when the configured provider cannot; see `address_rules`.
-    # supports_utf8_local_part: bool
+    # What it can carry (a class attribute: enqueue reads it from the class behind the
+    # registered factory, see `providers.capabilities`).
+    capabilities: Capabilities
 
     async def send(self, email: OutgoingEmail) -> SendOutcome: ...
 
@@ -75,54 +91,7 @@ class Sighting:
     recipient: str | None
 
 
-def supports_utf8_local_part(provider: object) -> bool:
-    """A provider (class or instance) declares `supports_utf8_local_part`; unknown: no."""
-    return bool(getattr(provider, "supports_utf8_local_part", False))
-
-
-def address_rules(settings: Settings) -> AddressRules:
-    """What enqueue accepts as an address with these settings: test domains as
-    ALLOW_TEST_DOMAINS says (unset: only with a local provider), a non-ASCII local part
-    only if the configured provider declares it can carry one. The provider is not
-    created: its class is read from its factory (see `_built_by`)."""
-    allow = settings.allow_test_domains
-    if allow is None:
-        allow = settings.provider in LOCAL_PROVIDERS
-    return AddressRules(
-        allow_test_domains=allow,
-        utf8_local_part=supports_utf8_local_part(_provider_class(settings)),
-        provider=settings.provider,
-    )
-
-
-def message_limits(settings: Settings) -> Limits:
-    """How much one message may carry with these settings: the sizes they set, and what
-    the configured provider's class declares it cannot carry (optional attributes
-    `max_reply_to`, `max_name_length` and `attachment_extensions`)."""
-    declared = _provider_class(settings)
-    return Limits(
-        max_recipients=settings.max_recipients,
-        max_attachment_bytes=settings.max_attachment_bytes,
-        max_message_bytes=settings.max_message_bytes,
-        max_reply_to=getattr(declared, "max_reply_to", None),
-        max_name_length=getattr(declared, "max_name_length", None),
-        attachment_extensions=getattr(declared, "attachment_extensions", None),
-        provider=settings.provider,
-    )
-
-
-def _provider_class(settings: Settings) -> object:
-    """The configured provider's class, read from its factory; None if there is none."""
-    from mailbag import providers  # the registry imports this module
-
-    try:
-        factory = providers.factory_for(settings.provider)
-    except providers.UnknownProvider:
-        return None
-    return _built_by(factory)
-
-
-def _built_by(factory: object) -> object:
+def built_by(factory: object) -> object:
     """The class a factory builds, found without calling it: the class its `from_settings`
     is bound to, else its return annotation, else the factory itself."""
     bound_to = getattr(factory, "__self__", None)

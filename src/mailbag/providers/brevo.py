@@ -2,12 +2,12 @@
 
 One email is `POST /v3/smtp/email` with `to`; several share one call through
 `messageVersions` (up to 1000 versions, no outer `to`). Every answer and every transport
-failure is classified by the one table below, `RESPONSE_TABLE` (with `TRANSPORT_TABLE` for
-requests that got no answer).
+failure is classified by the one table below, `RESPONSE_TABLE` (with
+`http_api.TRANSPORT_TABLE` for requests that got no answer).
 
 Idempotency: a single send carries `headers.idempotencyKey`, a UUID derived from the email's
 own key (message id and attempt), so sending the same email again after an ambiguous
-failure sends the same key and Brevo, for 30 minutes, does not process it twice. Brevo
+failure sends the same key and Brevo, for 15 minutes, does not process it twice. Brevo
 answers such a repeat with a `duplicate_parameter` error rather than the first message id;
 that answer says "I already have a request with this key" but not what became of it, so it
 is classified Ambiguous (unkeyed: repeating it cannot tell more) and left to reconciliation.
@@ -48,27 +48,19 @@ import base64
 import mimetypes
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import httpx
-import orjson
 
 from mailbag.compose import MESSAGE_ID_HEADER, OutgoingEmail, message_id_from_rfc
+from mailbag.domain import delivery
 from mailbag.domain.content import CID_REFERENCE, Address, Attachment
-from mailbag.domain.delivery import (
-    Accepted,
-    Ambiguous,
-    Deferred,
-    Disabled,
-    Rejected,
-    SendOutcome,
-    Throttled,
-)
 from mailbag.domain.message import Message, ascii_address
-from mailbag.providers import register
-from mailbag.providers.base import Sighting
+from mailbag.providers import http_api, register
+from mailbag.providers.base import Capabilities, Sighting
+from mailbag.providers.http_api import Answer, custom_headers
+from mailbag.providers.http_api import encode_json as encode_json  # its tests read it here
 from mailbag.providers.kit import (
     OutcomeTable,
     ascii_envelope_address,
@@ -79,9 +71,6 @@ from mailbag.providers.kit import (
     scrub,
     unsupported_feature,
 )
-
-if TYPE_CHECKING:
-    from mailbag.settings import Settings
 
 SEND_PATH: Final = "/v3/smtp/email"
 LIST_PATH: Final = "/v3/smtp/emails"
@@ -99,8 +88,13 @@ ATTACHMENT_EXTENSIONS: Final = frozenset({
     "mpeg", "mpg", "wmv", "pkpass", "xlsm",
 })
 # fmt: on
-# Brevo remembers an idempotencyKey for 30 minutes.
-IDEMPOTENCY_WINDOW: Final = timedelta(minutes=30)
+# How long Brevo remembers an idempotencyKey. Its sources disagree: the changelog entry that
+# introduced the key (developers.brevo.com/changelog, 2021-11-10, "Email API now supports
+# idempotency") says "The TTL for the idempotencyKey is 15 minutes"; the later guide
+# "Idempotency for batch emails" says 30. A window declared too long could resend after
+# Brevo forgot the key (a duplicate); too short only ends in `unknown` sooner. So the
+# shorter one.
+IDEMPOTENCY_WINDOW: Final = timedelta(minutes=15)
 # Brevo requires idempotencyKey to be a UUID; ours is not one, so we send its UUIDv5 under
 # this fixed namespace. Never change it: in-flight retries would stop matching.
 IDEMPOTENCY_NAMESPACE: Final = uuid.UUID("6f1d3c2a-9a57-4b8e-a0f4-5b1e2d7c9e31")
@@ -114,36 +108,20 @@ LOOKUP_MAX_PAGES: Final = 50
 
 RESPONSE_TABLE: Final[OutcomeTable] = (
     # The first row whose status matches wins; a status in no row is Ambiguous.
-    (range(200, 203), Accepted),  # with a messageId (or messageIds); without: Ambiguous
-    (range(203, 300), Ambiguous),  # another 2xx: success of some kind, but no id
-    (range(300, 400), Deferred),  # a redirect: not processed (check BREVO_BASE_URL)
-    (408, Deferred),  # request timeout: Brevo gave up before processing
-    (425, Deferred),  # too early: not processed
-    (429, Throttled),  # rate limited before taking it: no attempt spent, the fleet slows
+    (range(200, 203), delivery.Accepted),  # with a messageId (or messageIds); without: Ambiguous
+    (range(203, 300), delivery.Ambiguous),  # another 2xx: success of some kind, but no id
+    (range(300, 400), delivery.Deferred),  # a redirect: not processed (check BREVO_BASE_URL)
+    (408, delivery.Deferred),  # request timeout: Brevo gave up before processing
+    (425, delivery.Deferred),  # too early: not processed
+    (429, delivery.Throttled),  # rate limited before taking it: no attempt spent, the fleet slows
     # 400/401/403/422 and the other 4xx: the same request will be refused again. Except a
     # keyed send's duplicate_parameter: Ambiguous, keyed=False (see the module doc).
-    (range(400, 500), Rejected),
-    (range(500, 600), Deferred),  # Brevo answered with an error: it did not take it
+    (range(400, 500), delivery.Rejected),
+    (range(500, 600), delivery.Deferred),  # Brevo answered with an error: it did not take it
 )
 """How an HTTP answer from `POST /v3/smtp/email` becomes an outcome. A Deferred or Throttled
 carries `RETRY_AFTER_HEADERS` as its retry_after; error texts carry the status and Brevo's `code`
 and `message`, never the API key."""
-
-TRANSPORT_TABLE: Final[OutcomeTable] = (
-    # The request never left: no connection, or none free in our pool.
-    (httpx.ConnectError, Deferred),
-    (httpx.ConnectTimeout, Deferred),
-    (httpx.PoolTimeout, Deferred),
-    (httpx.UnsupportedProtocol, Deferred),
-    # The request (or part of it) left and the connection failed before an answer.
-    (httpx.ReadTimeout, Ambiguous),
-    (httpx.WriteTimeout, Ambiguous),
-    (httpx.RemoteProtocolError, Ambiguous),
-    (httpx.ReadError, Ambiguous),
-    (httpx.WriteError, Ambiguous),
-)
-"""How a request that got no HTTP answer becomes an outcome (the first matching class wins;
-any other transport error is Ambiguous). Ambiguous is keyed for single sends only."""
 
 
 class BrevoLookupError(RuntimeError):
@@ -162,7 +140,7 @@ def brevo_idempotency_key(email: OutgoingEmail) -> str:
 def _address(address: str, name: str | None) -> dict[str, str]:
     """A Brevo address object. Brevo's schema wants `format: email`: an IDN domain goes in
     its ASCII (punycode) form; a non-ASCII local part it cannot carry at all (enqueue
-    refuses it for this provider, see `supports_utf8_local_part`)."""
+    refuses it for this provider: its `capabilities`)."""
     email = ascii_envelope_address("brevo", address)
     return {"email": email, "name": name} if name else {"email": email}
 
@@ -197,17 +175,6 @@ def _body_fields(html: str, text: str) -> dict[str, str]:
     if text:
         fields["textContent"] = text
     return fields
-
-
-def _headers(email: OutgoingEmail, ours: Mapping[str, str]) -> dict[str, str]:
-    """The caller's headers, then List-Unsubscribe(-Post), then `ours`: each later one
-    replaces an earlier one of the same name in any case (Brevo recases header names)."""
-    headers: dict[str, str] = {}
-    for layer in (email.headers, email.list_unsubscribe, ours):
-        names = {name.lower() for name in layer}
-        headers = {k: v for k, v in headers.items() if k.lower() not in names}
-        headers.update(layer)
-    return headers
 
 
 def _extension(name: str) -> str | None:
@@ -276,7 +243,7 @@ def single_payload(email: OutgoingEmail) -> dict[str, Any]:
     }
     if attachments:
         payload["attachment"] = attachments
-    payload["headers"] = _headers(
+    payload["headers"] = custom_headers(
         email,
         {
             MESSAGE_ID_HEADER: str(email.message_id),
@@ -287,12 +254,6 @@ def single_payload(email: OutgoingEmail) -> dict[str, Any]:
     # A tag naming our message lets reconciliation find this send in Brevo's records.
     payload["tags"] = [*email.tags, lookup_tag(email.message_id)]
     return payload
-
-
-def encode_json(payload: Mapping[str, Any]) -> bytes:
-    """A request body: compact UTF-8 JSON, the bytes httpx's `json=` (the standard json
-    module) wrote, at a sixth of its cost (a 1,000-version call is about 375 KiB)."""
-    return orjson.dumps(payload)
 
 
 def lookup_tag(message_id: uuid.UUID) -> str:
@@ -340,7 +301,7 @@ def batch_payload(emails: Sequence[OutgoingEmail]) -> dict[str, Any]:
         **(_body_fields(first.html, "") or _body_fields("", first.text)),
         "messageVersions": versions,
     }
-    headers = _headers(first, {})
+    headers = custom_headers(first, {})
     if headers:
         payload["headers"] = headers
     if first.tags:
@@ -380,97 +341,50 @@ def _calls(emails: Sequence[OutgoingEmail], indexes: Sequence[int]) -> Iterator[
         yield call
 
 
-@dataclass(frozen=True)
-class _Answer:
-    """What one send request came back with, before it is turned into outcomes."""
-
-    status: int | None = None  # None: no HTTP answer at all
-    body: Any = None
-    headers: httpx.Headers | None = None
-    transport_error: httpx.TransportError | None = None
-    unreadable: str | None = None  # an answer came, but reading or parsing it failed
-
-
-class BrevoProvider:
+class BrevoProvider(http_api.ApiProvider):
     name = "brevo"
     max_batch_size = MAX_VERSIONS_PER_CALL
     idempotency_window: timedelta | None = IDEMPOTENCY_WINDOW
-    supports_utf8_local_part = False  # its schema's `format: email` is ASCII only
-    # Refused at enqueue (providers.base.message_limits), not only at send time.
-    max_reply_to = 1  # its replyTo is one object
-    max_name_length = 70  # "Maximum allowed characters are 70" (to, cc, bcc, replyTo names)
-    attachment_extensions = ATTACHMENT_EXTENSIONS
+    # Refused at enqueue (services.intake), not only at send time.
+    capabilities = Capabilities(
+        utf8_local_part=False,  # its schema's `format: email` is ASCII only
+        max_reply_to=1,  # its replyTo is one object
+        max_name_length=70,  # "Maximum allowed characters are 70" (to, cc, bcc, replyTo names)
+        attachment_extensions=ATTACHMENT_EXTENSIONS,
+        required_settings=("api_key",),
+    )
 
-    def __init__(
-        self,
-        *,
-        api_key: str | None,
-        base_url: str = "https://api.brevo.com",
-        timeout: float = 30.0,
-        max_connections: int = 32,
-    ) -> None:
-        self._api_key = api_key or None  # an empty key is no key
-        self.base_url = base_url.rstrip("/")
-        # One client for all sends, its pool as large as the worker's concurrency, so sends
-        # reuse connections and never queue behind each other beyond that.
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(timeout),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            headers={"accept": "application/json"},
-        )
-
-    def __repr__(self) -> str:  # never show the key
-        key = "set" if self._api_key else "missing"
-        return f"BrevoProvider(base_url={self.base_url!r}, api_key={key})"
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> BrevoProvider:
-        key = settings.brevo_api_key
-        return cls(
-            api_key=key.get_secret_value() if key else None,
-            base_url=settings.brevo_base_url,
-            timeout=settings.brevo_timeout,
-            max_connections=settings.concurrency,
-        )
+    default_base_url = "https://api.brevo.com"
 
     # --- sending -----------------------------------------------------------------------
 
-    async def send(self, email: OutgoingEmail) -> SendOutcome:
+    async def send(self, email: OutgoingEmail) -> delivery.SendOutcome:
         if self._api_key is None:
-            return Disabled("BREVO_API_KEY is not set")
+            return self.missing_key
         try:
             payload = single_payload(email)
         except ValueError as exc:  # nothing Brevo could take: an address it cannot carry
-            return Rejected(f"cannot build the Brevo request: {exc}")
+            return delivery.Rejected(f"cannot build the Brevo request: {exc}")
         answer = await self._post(payload)
         return self._outcomes(answer, count=1, keyed=True)[0]
 
-    async def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[SendOutcome]:
+    async def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[delivery.SendOutcome]:
         """One outcome per email, in order. Batchable emails are grouped by what a call
         shares and each group is sent in calls within Brevo's limits; every other email is
         sent by itself (keyed). The calls run concurrently."""
         if self._api_key is None:
-            return [Disabled("BREVO_API_KEY is not set")] * len(emails)
+            return [self.missing_key] * len(emails)
         groups: dict[tuple[Any, ...], list[int]] = {}
         for index, email in enumerate(emails):
             # A message a version cannot carry is a group of its own: a single send.
             key = _batch_group(email) if batchable(email) else ("alone", index)
             groups.setdefault(key, []).append(index)
         calls = [call for indexes in groups.values() for call in _calls(emails, indexes)]
-        results = await asyncio.gather(
-            *(self._send_call([emails[i] for i in chunk]) for chunk in calls)
+        return await http_api.in_order(
+            len(emails), [(chunk, self._send_call([emails[i] for i in chunk])) for chunk in calls]
         )
-        outcomes: list[SendOutcome | None] = [None] * len(emails)
-        for chunk, chunk_outcomes in zip(calls, results, strict=True):
-            for index, outcome in zip(chunk, chunk_outcomes, strict=True):
-                outcomes[index] = outcome
-        assert all(outcome is not None for outcome in outcomes)
-        return [outcome for outcome in outcomes if outcome is not None]
 
-    async def _send_call(self, emails: Sequence[OutgoingEmail]) -> list[SendOutcome]:
+    async def _send_call(self, emails: Sequence[OutgoingEmail]) -> list[delivery.SendOutcome]:
         if len(emails) == 1:  # a single send carries a key: strictly safer
             return [await self.send(emails[0])]
         try:
@@ -484,49 +398,36 @@ class BrevoProvider:
             return list(await asyncio.gather(*(self.send(email) for email in emails)))
         return self._outcomes(answer, count=len(emails), keyed=False)
 
-    async def _post(self, payload: dict[str, Any]) -> _Answer:
+    async def _post(self, payload: dict[str, Any]) -> Answer:
         assert self._api_key is not None
-        try:
-            response = await self._client.post(
-                SEND_PATH,
-                content=encode_json(payload),
-                headers={"api-key": self._api_key, "content-type": "application/json"},
-            )
-        except httpx.TransportError as exc:
-            return _Answer(transport_error=exc)
-        except httpx.HTTPError as exc:  # e.g. a body that would not decode: it was sent
-            return _Answer(unreadable=describe(exc))
-        try:
-            body = response.json() if response.content else None
-        except ValueError:
-            body = None
-        return _Answer(status=response.status_code, body=body, headers=response.headers)
+        return await http_api.call(
+            self._client, "POST", SEND_PATH, headers={"api-key": self._api_key}, json=payload
+        )
 
-    def _outcomes(self, answer: _Answer, *, count: int, keyed: bool) -> list[SendOutcome]:
+    def _outcomes(self, answer: Answer, *, count: int, keyed: bool) -> list[delivery.SendOutcome]:
         """Apply the tables: `count` emails were in the request, in order."""
-        if answer.transport_error is not None:
-            found = first_match(TRANSPORT_TABLE, error=answer.transport_error)
-            text = f"Brevo request failed: {describe(answer.transport_error)}"
-        elif answer.status is None:
-            found, text = Ambiguous, f"Brevo answer unreadable: {answer.unreadable}"
+        failed = http_api.no_answer(answer, "Brevo")
+        if failed is not None:
+            found, text = failed
         else:
+            assert answer.status is not None
             status, body = answer.status, answer.body
             found = first_match(RESPONSE_TABLE, status=status)
-            if found is Accepted:
+            if found is delivery.Accepted:
                 ids = _message_ids(body, count)
                 if ids is not None:
-                    return [Accepted(message_id) for message_id in ids]
-                found = Ambiguous
+                    return [delivery.Accepted(message_id) for message_id in ids]
+                found = delivery.Ambiguous
                 text = f"Brevo answered {status} without usable message ids: {body!r}"
             else:
                 text = _error_text(status, body)
         text = scrub(text, self._api_key)
-        if found is Rejected and keyed and _error_code(answer.body) in DUPLICATE_KEY_CODES:
+        if found is delivery.Rejected and keyed and _error_code(answer.body) in DUPLICATE_KEY_CODES:
             text += (
                 " (an earlier request with this idempotency key reached Brevo: whether it "
                 "was sent needs reconciliation)"
             )
-            return [Ambiguous(text, keyed=False)] * count
+            return [delivery.Ambiguous(text, keyed=False)] * count
         hint = retry_after(answer.headers, RETRY_AFTER_HEADERS) if answer.headers else None
         return [failure_outcome(found, text, keyed=keyed, retry_after=hint)] * count
 
@@ -604,9 +505,6 @@ class BrevoProvider:
             text = scrub(f"lookup: unexpected answer shape: {body!r}", self._api_key)
             raise BrevoLookupError(text)
         return records
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
 
 def _sighting(record: Mapping[str, Any]) -> Sighting | None:

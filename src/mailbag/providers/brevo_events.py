@@ -24,16 +24,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from mailbag.compose import MESSAGE_ID_HEADER
-from mailbag.domain.events import (
-    BounceType,
-    EventKind,
-    InvalidPayload,
-    ProviderEvent,
-    UnsupportedEvent,
-    dedup_key,
-    message_id_from_value,
-    normalize_recipient,
-)
+from mailbag.domain import events
 from mailbag.domain.message import ADDRESS_MAX, ERROR_MAX
 from mailbag.providers import event_fields
 
@@ -41,29 +32,31 @@ PROVIDER_MESSAGE_ID_MAX: Final = 255  # the outbox column it is matched against
 
 PROVIDER: Final = "brevo"
 
-K = EventKind
+K = events.EventKind
 # Brevo event name -> (kind, bounce type). Names from developers.brevo.com/docs/
 # transactional-webhooks, plus the spellings Brevo has also been seen to send.
-BREVO_EVENTS: Final[Mapping[str, tuple[EventKind, BounceType | None]]] = MappingProxyType(
-    {
-        "request": (K.ACCEPTED, None),  # "Sent": Brevo took the request
-        "delivered": (K.DELIVERED, None),
-        "deferred": (K.DEFERRED, None),
-        "soft_bounce": (K.BOUNCED, BounceType.SOFT),
-        "hard_bounce": (K.BOUNCED, BounceType.HARD),
-        "blocked": (K.REJECTED, None),  # Brevo refused to send (blocklisted address, ...)
-        "invalid_email": (K.REJECTED, None),  # Brevo judged the address invalid, did not send
-        "error": (K.REJECTED, None),  # Brevo failed to send it
-        "spam": (K.COMPLAINED, None),
-        "complaint": (K.COMPLAINED, None),
-        "opened": (K.OPENED, None),
-        "unique_opened": (K.OPENED, None),
-        "proxy_open": (K.OPENED, None),  # opened through a privacy proxy (Apple Mail)
-        "unique_proxy_open": (K.OPENED, None),
-        "click": (K.CLICKED, None),
-        "unsubscribed": (K.UNSUBSCRIBED, None),
-        "unsubscribe": (K.UNSUBSCRIBED, None),
-    }
+BREVO_EVENTS: Final[Mapping[str, tuple[events.EventKind, events.BounceType | None]]] = (
+    MappingProxyType(
+        {
+            "request": (K.ACCEPTED, None),  # "Sent": Brevo took the request
+            "delivered": (K.DELIVERED, None),
+            "deferred": (K.DEFERRED, None),
+            "soft_bounce": (K.BOUNCED, events.BounceType.SOFT),
+            "hard_bounce": (K.BOUNCED, events.BounceType.HARD),
+            "blocked": (K.REJECTED, None),  # Brevo refused to send (blocklisted address, ...)
+            "invalid_email": (K.REJECTED, None),  # Brevo judged the address invalid, did not send
+            "error": (K.REJECTED, None),  # Brevo failed to send it
+            "spam": (K.COMPLAINED, None),
+            "complaint": (K.COMPLAINED, None),
+            "opened": (K.OPENED, None),
+            "unique_opened": (K.OPENED, None),
+            "proxy_open": (K.OPENED, None),  # opened through a privacy proxy (Apple Mail)
+            "unique_proxy_open": (K.OPENED, None),
+            "click": (K.CLICKED, None),
+            "unsubscribed": (K.UNSUBSCRIBED, None),
+            "unsubscribe": (K.UNSUBSCRIBED, None),
+        }
+    )
 )
 
 # `ts_epoch` is documented in milliseconds but shown in seconds in one of Brevo's own
@@ -75,51 +68,46 @@ _TIMESTAMP_FIELDS: Final = ("ts_epoch", "ts_event", "ts")
 
 def parse_brevo_webhook(
     payload: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-) -> list[ProviderEvent]:
+) -> list[events.ProviderEvent]:
     """The events in one Brevo webhook body (a JSON object, or a list for batched webhooks).
 
     Raises InvalidPayload for a body Brevo would not send and UnsupportedEvent for an event
     name missing from BREVO_EVENTS; nothing is returned for the body then.
     """
-    events, problems = parse_brevo_events(payload)
+    found, problems = parse_brevo_events(payload)
     if problems:
         raise problems[0]
-    return events
+    return found
 
 
 def parse_brevo_events(
     payload: object,
-) -> tuple[list[ProviderEvent], list[InvalidPayload]]:
+) -> tuple[list[events.ProviderEvent], list[events.InvalidPayload]]:
     """The usable events in one Brevo webhook body, and why each other one was skipped.
 
     Raises InvalidPayload only for a body that is neither an event nor a list of them.
     """
     if isinstance(payload, Mapping):
         if "items" in payload:
-            raise InvalidPayload("this is a Brevo inbound-parse body, not a transactional event")
+            raise events.InvalidPayload(
+                "this is a Brevo inbound-parse body, not a transactional event"
+            )
         items: Sequence[object] = [payload]
     elif isinstance(payload, list):
         items = payload
     else:
-        raise InvalidPayload("a Brevo webhook body is a JSON object or a list of them")
-    events: list[ProviderEvent] = []
-    problems: list[InvalidPayload] = []
-    for item in items:
-        try:
-            events.append(_parse_event(item))
-        except InvalidPayload as problem:
-            problems.append(problem)
-    return events, problems
+        raise events.InvalidPayload("a Brevo webhook body is a JSON object or a list of them")
+    return events.parse_each(items, _parse_event)
 
 
-def _parse_event(payload: object) -> ProviderEvent:
+def _parse_event(payload: object) -> events.ProviderEvent:
     if not isinstance(payload, Mapping):
-        raise InvalidPayload("each Brevo event is a JSON object")
+        raise events.InvalidPayload("each Brevo event is a JSON object")
     name = payload.get("event")
     if not isinstance(name, str) or not name:
-        raise InvalidPayload("the Brevo event has no 'event' name")
+        raise events.InvalidPayload("the Brevo event has no 'event' name")
     if name not in BREVO_EVENTS:
-        raise UnsupportedEvent(PROVIDER, event_fields.clean(name[:50]))
+        raise events.UnsupportedEvent(PROVIDER, event_fields.clean(name[:50]))
     kind, bounce_type = BREVO_EVENTS[name]
 
     occurred_at = _occurred_at(payload)
@@ -129,20 +117,16 @@ def _parse_event(payload: object) -> ProviderEvent:
     recipient = _recipient(payload.get("email"))
     link = _text(payload.get("link"))
     stamps = tuple(payload.get(field) for field in _TIMESTAMP_FIELDS)
-    return ProviderEvent(
-        provider=PROVIDER,
-        kind=kind,
-        provider_event=name,
-        bounce_type=bounce_type,
-        occurred_at=occurred_at,
+    return events.keyed_event(
+        PROVIDER,
+        name,
+        kind,
+        bounce_type,
+        occurred_at,
+        recipient=recipient,
         provider_message_id=provider_message_id,
         message_id=_our_message_id(payload, provider_message_id),
-        recipient=recipient,
-        dedup_key=dedup_key(
-            PROVIDER,
-            recipient=recipient,
-            content=(name, provider_message_id, *stamps, link),
-        ),
+        content=(name, provider_message_id, *stamps, link),
         detail=link if kind is K.CLICKED else _text(payload.get("reason")),
         raw=event_fields.raw_json(payload),
     )
@@ -157,20 +141,20 @@ def _occurred_at(payload: Mapping[str, Any]) -> datetime:
         try:
             return event_fields.storable_time(datetime.fromtimestamp(seconds, tz=UTC))
         except (OverflowError, OSError, ValueError) as error:
-            raise InvalidPayload(f"Brevo {field} is not a usable time") from error
+            raise events.InvalidPayload(f"Brevo {field} is not a usable time") from error
     # `date` alone is local time of the account's zone; guessing it would misorder events.
-    raise InvalidPayload("the Brevo event has no ts_epoch, ts_event or ts")
+    raise events.InvalidPayload("the Brevo event has no ts_epoch, ts_event or ts")
 
 
 def _our_message_id(
     payload: Mapping[str, Any], provider_message_id: str | None
 ) -> uuid.UUID | None:
     for value in _header_values(payload, MESSAGE_ID_HEADER):
-        found = message_id_from_value(value)
+        found = events.message_id_from_value(value)
         if found is not None:
             return found
     # We send our own Message-Id header; where Brevo keeps it, its message-id is ours.
-    return message_id_from_value(provider_message_id)
+    return events.message_id_from_value(provider_message_id)
 
 
 def _header_values(payload: Mapping[str, Any], name: str) -> Iterator[object]:
@@ -203,5 +187,5 @@ def _text(value: object) -> str | None:
 
 
 def _recipient(value: object) -> str | None:
-    address = normalize_recipient(event_fields.identifier(value, ADDRESS_MAX))
+    address = events.normalize_recipient(event_fields.identifier(value, ADDRESS_MAX))
     return address if address is not None and len(address) <= ADDRESS_MAX else None

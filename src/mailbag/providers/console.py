@@ -13,7 +13,7 @@ from mailbag.compose import OutgoingEmail
 from mailbag.domain.content import Address
 from mailbag.domain.delivery import Accepted, SendOutcome
 from mailbag.providers import register
-from mailbag.providers.base import SendOneByOne
+from mailbag.providers.base import Capabilities, SendOneByOne
 
 if TYPE_CHECKING:
     from mailbag.settings import Settings
@@ -23,7 +23,7 @@ class ConsoleProvider(SendOneByOne):
     name = "console"
     max_batch_size = 1
     idempotency_window: timedelta | None = None
-    supports_utf8_local_part = True  # it only prints
+    capabilities = Capabilities(utf8_local_part=True)  # it only prints
 
     def __init__(self, out: TextIO | None = None) -> None:
         self.out = out or sys.stdout

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from mailbag.compose import OutgoingEmail
 from mailbag.domain.delivery import Accepted, Deferred, Rejected, SendOutcome
 from mailbag.providers import register
-from mailbag.providers.base import SendOneByOne
+from mailbag.providers.base import Capabilities, SendOneByOne
 
 if TYPE_CHECKING:
     from mailbag.settings import Settings
@@ -33,7 +33,7 @@ class FileProvider(SendOneByOne):
     name = "file"
     max_batch_size = 1
     idempotency_window: timedelta | None = None
-    supports_utf8_local_part = True  # an .eml file can hold RFC 6532 headers
+    capabilities = Capabilities(utf8_local_part=True)  # an .eml file holds RFC 6532 headers
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -52,7 +52,7 @@ class FileProvider(SendOneByOne):
         try:
             path = await asyncio.to_thread(self._write, email)
         except OSError as exc:  # a full disk or a missing permission: nothing was written
-            return Deferred(f"cannot write to {self.folder}: {exc}")
+            return Deferred(f"cannot write to {self.folder}: {exc}", provider_fault=True)
         except ValueError as exc:  # text no MIME can carry (a lone surrogate, a bad domain)
             return Rejected(f"cannot build the email: {exc}")
         return Accepted(path.name)

@@ -32,27 +32,19 @@ from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Final, NoReturn
 
-from mailbag.domain.delivery import (
-    Accepted,
-    Ambiguous,
-    Deferred,
-    Disabled,
-    Rejected,
-    SendOutcome,
-    Throttled,
-)
+from mailbag.domain import delivery
 from mailbag.domain.message import ascii_domain
 
 ERROR_TEXT_MAX: Final = 500
 REDACTED: Final = "[redacted]"
 
 OutcomeClass = (
-    type[Accepted]
-    | type[Rejected]
-    | type[Deferred]
-    | type[Ambiguous]
-    | type[Disabled]
-    | type[Throttled]
+    type[delivery.Accepted]
+    | type[delivery.Rejected]
+    | type[delivery.Deferred]
+    | type[delivery.Ambiguous]
+    | type[delivery.Disabled]
+    | type[delivery.Throttled]
 )
 TableKey = str | int | range | type[BaseException]
 OutcomeTable = Sequence[tuple[TableKey, OutcomeClass]]
@@ -95,25 +87,33 @@ def first_match(
             matched = isinstance(error, key)
         if matched:
             return outcome_class
-    return Ambiguous
+    return delivery.Ambiguous
 
 
 def failure_outcome(
-    outcome_class: OutcomeClass, error: str, *, keyed: bool, retry_after: timedelta | None = None
-) -> SendOutcome:
+    outcome_class: OutcomeClass,
+    error: str,
+    *,
+    keyed: bool,
+    retry_after: timedelta | None = None,
+    provider_fault: bool = True,
+) -> delivery.SendOutcome:
     """The outcome a table row names, for a send that ended in `error` (scrubbed already).
     `keyed`: whether the request carried this email's own idempotency key (see
-    `Ambiguous.keyed`); `retry_after`: the provider's hint, kept by a Deferred or Throttled only."""
-    if outcome_class is Deferred:
-        return Deferred(error, retry_after=retry_after)
-    if outcome_class is Throttled:
-        return Throttled(error, retry_after=retry_after)
-    if outcome_class is Ambiguous:
-        return Ambiguous(error, keyed=keyed)
-    if outcome_class is Disabled:
-        return Disabled(error)
-    if outcome_class is Rejected:
-        return Rejected(error)
+    `Ambiguous.keyed`); `retry_after`: the provider's hint, kept by a Deferred or Throttled
+    only. A Deferred is the provider's fault unless said otherwise (`provider_fault`): an
+    HTTP API that could not be reached or answered an error about itself (5xx, a redirect)
+    has not judged the message; only SMTP's 4xx about a recipient is the message's."""
+    if outcome_class is delivery.Deferred:
+        return delivery.Deferred(error, retry_after=retry_after, provider_fault=provider_fault)
+    if outcome_class is delivery.Throttled:
+        return delivery.Throttled(error, retry_after=retry_after)
+    if outcome_class is delivery.Ambiguous:
+        return delivery.Ambiguous(error, keyed=keyed)
+    if outcome_class is delivery.Disabled:
+        return delivery.Disabled(error)
+    if outcome_class is delivery.Rejected:
+        return delivery.Rejected(error)
     raise TypeError(f"{outcome_class.__name__} needs the provider's message id, not an error")
 
 
@@ -180,7 +180,7 @@ def envelope_address(address: str) -> tuple[str, bool]:
 def ascii_envelope_address(provider: str, address: str) -> str:
     """The address as a provider without SMTPUTF8 takes it: the domain in IDNA form; a
     non-ASCII local part is an unsupported feature (enqueue already refuses one for such a
-    provider, see `supports_utf8_local_part`; this is the last line)."""
+    provider, see `Capabilities.utf8_local_part`; this is the last line)."""
     ascii_form, needs_smtputf8 = envelope_address(address)
     if needs_smtputf8:
         unsupported_feature(provider, f"to or from a non-ASCII local part ({address!r})")

@@ -22,7 +22,7 @@ from mailbag.compose import OutgoingEmail
 from mailbag.domain.content import Address, Attachment
 from mailbag.domain.delivery import Accepted, SendOutcome
 from mailbag.providers import register
-from mailbag.providers.base import SendOneByOne
+from mailbag.providers.base import Capabilities, SendOneByOne
 
 if TYPE_CHECKING:
     import uuid
@@ -152,7 +152,7 @@ class CaptureProvider(SendOneByOne):
     name = "capture"
     max_batch_size = 1
     idempotency_window: timedelta | None = None
-    supports_utf8_local_part = True  # it keeps RFC 6532 MIME as readily as ASCII
+    capabilities = Capabilities(utf8_local_part=True)  # it keeps RFC 6532 MIME as ASCII
 
     def __init__(self, respond: Respond | None = None) -> None:
         self.respond = respond

@@ -45,17 +45,9 @@ from botocore.exceptions import (
 )
 
 from mailbag.compose import OutgoingEmail
-from mailbag.domain.delivery import (
-    Accepted,
-    Ambiguous,
-    Deferred,
-    Disabled,
-    Rejected,
-    SendOutcome,
-    Throttled,
-)
+from mailbag.domain import delivery
 from mailbag.providers import register
-from mailbag.providers.base import SendOneByOne
+from mailbag.providers.base import Capabilities, SendOneByOne
 from mailbag.providers.kit import (
     OutcomeTable,
     ascii_envelope_address,
@@ -79,53 +71,53 @@ _TAG_VALUE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 ERROR_OUTCOMES: Final[OutcomeTable] = (
     # SES answered with an error code: it did not take the message. Throttled: the send
     # rate (or the daily quota) was reached; no attempt spent, the fleet slows down.
-    ("Throttling", Throttled),
-    ("ThrottlingException", Throttled),
-    ("TooManyRequestsException", Throttled),
-    ("LimitExceededException", Deferred),
-    ("InternalFailure", Deferred),
-    ("ServiceUnavailable", Deferred),
-    ("AccountSuspendedException", Disabled),
-    ("SendingPausedException", Disabled),
+    ("Throttling", delivery.Throttled),
+    ("ThrottlingException", delivery.Throttled),
+    ("TooManyRequestsException", delivery.Throttled),
+    ("LimitExceededException", delivery.Deferred),
+    ("InternalFailure", delivery.Deferred),
+    ("ServiceUnavailable", delivery.Deferred),
+    ("AccountSuspendedException", delivery.Disabled),
+    ("SendingPausedException", delivery.Disabled),
     # Bad or expired credentials are the account's problem, never the message's.
-    ("UnrecognizedClientException", Disabled),
-    ("InvalidClientTokenId", Disabled),
-    ("InvalidSignatureException", Disabled),
-    ("SignatureDoesNotMatch", Disabled),
-    ("IncompleteSignature", Disabled),
-    ("MissingAuthenticationTokenException", Disabled),
-    ("ExpiredToken", Disabled),
-    ("ExpiredTokenException", Disabled),
-    ("MessageRejected", Rejected),
-    ("BadRequestException", Rejected),
-    ("MailFromDomainNotVerifiedException", Rejected),
-    ("NotFoundException", Rejected),
+    ("UnrecognizedClientException", delivery.Disabled),
+    ("InvalidClientTokenId", delivery.Disabled),
+    ("InvalidSignatureException", delivery.Disabled),
+    ("SignatureDoesNotMatch", delivery.Disabled),
+    ("IncompleteSignature", delivery.Disabled),
+    ("MissingAuthenticationTokenException", delivery.Disabled),
+    ("ExpiredToken", delivery.Disabled),
+    ("ExpiredTokenException", delivery.Disabled),
+    ("MessageRejected", delivery.Rejected),
+    ("BadRequestException", delivery.Rejected),
+    ("MailFromDomainNotVerifiedException", delivery.Rejected),
+    ("NotFoundException", delivery.Rejected),
     # SES answered with a code not named above: go by the HTTP status.
-    (408, Deferred),  # the request did not arrive in time, so nothing was taken
-    (429, Throttled),
-    (range(500, 600), Deferred),
-    (range(400, 500), Rejected),
+    (408, delivery.Deferred),  # the request did not arrive in time, so nothing was taken
+    (429, delivery.Throttled),
+    (range(500, 600), delivery.Deferred),
+    (range(400, 500), delivery.Rejected),
     # No usable configuration: nothing was sent, and nothing will be until an operator acts.
-    (NoCredentialsError, Disabled),
-    (PartialCredentialsError, Disabled),
-    (CredentialRetrievalError, Disabled),
-    (ProfileNotFound, Disabled),
-    (NoRegionError, Disabled),
-    (InvalidRegionError, Disabled),
+    (NoCredentialsError, delivery.Disabled),
+    (PartialCredentialsError, delivery.Disabled),
+    (CredentialRetrievalError, delivery.Disabled),
+    (ProfileNotFound, delivery.Disabled),
+    (NoRegionError, delivery.Disabled),
+    (InvalidRegionError, delivery.Disabled),
     # botocore refused the request before sending it; the same email would fail again.
-    (ParamValidationError, Rejected),
+    (ParamValidationError, delivery.Rejected),
     # The request never left: no connection was made.
-    (EndpointConnectionError, Deferred),
-    (ConnectTimeoutError, Deferred),
-    (ProxyConnectionError, Deferred),
+    (EndpointConnectionError, delivery.Deferred),
+    (ConnectTimeoutError, delivery.Deferred),
+    (ProxyConnectionError, delivery.Deferred),
     # The request may have left and no verdict came back. An SSL error usually means a
     # failed handshake, but it can also break a response mid-read, so it stays ambiguous.
-    (ReadTimeoutError, Ambiguous),
-    (ConnectionClosedError, Ambiguous),
-    (ResponseStreamingError, Ambiguous),
-    (IncompleteReadError, Ambiguous),
-    (SSLError, Ambiguous),
-    (HTTPClientError, Ambiguous),
+    (ReadTimeoutError, delivery.Ambiguous),
+    (ConnectionClosedError, delivery.Ambiguous),
+    (ResponseStreamingError, delivery.Ambiguous),
+    (IncompleteReadError, delivery.Ambiguous),
+    (SSLError, delivery.Ambiguous),
+    (HTTPClientError, delivery.Ambiguous),
 )
 """How each way an SES call can fail maps to an outcome; first match wins.
 
@@ -142,7 +134,7 @@ AWS_SECRETS: Final = (
 )
 
 
-def outcome_for(error: Exception) -> SendOutcome:
+def outcome_for(error: Exception) -> delivery.SendOutcome:
     """Classify a failed `send_email` call through `ERROR_OUTCOMES`."""
     hint: timedelta | None = None
     if isinstance(error, ClientError):
@@ -173,7 +165,7 @@ def _error_message(error: ClientError) -> str:
 class SESProvider(SendOneByOne):
     name = "ses"
     max_batch_size = 1  # SES has no call that sends several distinct raw messages
-    supports_utf8_local_part = False  # SES documents no SMTPUTF8 support
+    capabilities = Capabilities(utf8_local_part=False)  # SES documents no SMTPUTF8 support
     idempotency_window: timedelta | None = None  # no idempotency key: ambiguous means unknown
 
     def __init__(
@@ -217,18 +209,20 @@ class SESProvider(SendOneByOne):
             max_connections=settings.concurrency,
         )
 
-    async def send(self, email: OutgoingEmail) -> SendOutcome:
+    async def send(self, email: OutgoingEmail) -> delivery.SendOutcome:
         if self._closed:
-            return Disabled("the SES provider is closed")
+            return delivery.Disabled("the SES provider is closed")
         try:
             request = self._request(email)
         except (ValueError, MessageError) as error:
-            return Rejected(scrub(f"cannot build the SES request: {error}", patterns=AWS_SECRETS))
+            return delivery.Rejected(
+                scrub(f"cannot build the SES request: {error}", patterns=AWS_SECRETS)
+            )
         loop = asyncio.get_running_loop()
         try:
             pending = loop.run_in_executor(self._executor, partial(self._send_blocking, request))
         except RuntimeError:  # aclose() shut the pool down after the check above
-            return Disabled("the SES provider is closed")
+            return delivery.Disabled("the SES provider is closed")
         return await pending
 
     async def aclose(self) -> None:
@@ -262,15 +256,15 @@ class SESProvider(SendOneByOne):
             request["ConfigurationSetName"] = self._configuration_set
         return request
 
-    def _send_blocking(self, request: dict[str, Any]) -> SendOutcome:
+    def _send_blocking(self, request: dict[str, Any]) -> delivery.SendOutcome:
         try:
             response: dict[str, Any] = self._shared_client().send_email(**request)
         except Exception as error:
             return outcome_for(error)
         message_id = response.get("MessageId")
         if not isinstance(message_id, str) or not message_id:
-            return Ambiguous("SES answered success without a MessageId", keyed=False)
-        return Accepted(message_id)
+            return delivery.Ambiguous("SES answered success without a MessageId", keyed=False)
+        return delivery.Accepted(message_id)
 
     def _shared_client(self) -> Any:
         if self._client is not None:

@@ -39,16 +39,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from mailbag.compose import MESSAGE_ID_HEADER
-from mailbag.domain.events import (
-    BounceType,
-    EventKind,
-    InvalidPayload,
-    ProviderEvent,
-    UnsupportedEvent,
-    dedup_key,
-    message_id_from_value,
-    normalize_recipient,
-)
+from mailbag.domain import events
 from mailbag.domain.message import ADDRESS_MAX, ERROR_MAX
 from mailbag.providers import event_fields
 
@@ -67,7 +58,7 @@ CLOCK_LEEWAY: Final = timedelta(minutes=5)
 PROVIDER_MESSAGE_ID_MAX: Final = 255  # the outbox column it is matched against
 
 
-class InvalidSnsMessage(InvalidPayload):
+class InvalidSnsMessage(events.InvalidPayload):
     """A body that is not an SNS HTTP(S) message: the caller answers 400."""
 
 
@@ -236,7 +227,7 @@ def check_fresh(msg: SnsMessage, now: datetime) -> None:
     (a signature stays valid forever, so without this an old message could be replayed)."""
     try:
         sent_at = msg.sent_at
-    except InvalidPayload as error:
+    except events.InvalidPayload as error:
         raise StaleMessage("the SNS Timestamp is not a time") from error
     if not now - MAX_MESSAGE_AGE <= sent_at <= now + CLOCK_LEEWAY:
         raise StaleMessage("the SNS message is too old (or from the future): a replay?")
@@ -266,7 +257,7 @@ Detail = Callable[[Mapping[str, Any], Mapping[str, Any]], str | None]
 
 @dataclass(frozen=True)
 class SesEventRule:
-    kind: EventKind
+    kind: events.EventKind
     body_key: str  # the record's event-specific object ("bounce", "delivery", ...)
     # The list in that object naming the recipients it concerns (one event each); None:
     # the event is about the whole email, one event per `mail.destination` address.
@@ -303,7 +294,7 @@ def _complaint_detail(body: Mapping[str, Any], entry: Mapping[str, Any]) -> str 
     return _text(body.get("complaintFeedbackType")) or _text(body.get("complaintSubType"))
 
 
-K = EventKind
+K = events.EventKind
 # SES eventType / notificationType -> how to read it. From docs.aws.amazon.com/ses/latest/dg/
 # event-publishing-retrieving-sns-contents.html (Rendering Failure has a space, its object
 # is "failure").
@@ -327,12 +318,16 @@ SES_EVENTS: Final[Mapping[str, SesEventRule]] = MappingProxyType(
 )
 # SES bounceType -> ours. Undetermined (SES could not tell) counts as soft: suppressing an
 # address on a guess would silence a working one. Any new value is soft for the same reason.
-SES_BOUNCE_TYPES: Final[Mapping[str, BounceType]] = MappingProxyType(
-    {"Permanent": BounceType.HARD, "Transient": BounceType.SOFT, "Undetermined": BounceType.SOFT}
+SES_BOUNCE_TYPES: Final[Mapping[str, events.BounceType]] = MappingProxyType(
+    {
+        "Permanent": events.BounceType.HARD,
+        "Transient": events.BounceType.SOFT,
+        "Undetermined": events.BounceType.SOFT,
+    }
 )
 
 
-def parse_ses_notification(message_json: str | Mapping[str, Any]) -> list[ProviderEvent]:
+def parse_ses_notification(message_json: str | Mapping[str, Any]) -> list[events.ProviderEvent]:
     """The events in one SES record (an SNS Notification's Message): one per recipient the
     record names. SNS's own notices about the topic give an empty list.
 
@@ -344,11 +339,11 @@ def parse_ses_notification(message_json: str | Mapping[str, Any]) -> list[Provid
         return []
     name = record.get("eventType", record.get("notificationType"))
     if not isinstance(name, str) or not name:
-        raise InvalidPayload("the SES record has no eventType or notificationType")
+        raise events.InvalidPayload("the SES record has no eventType or notificationType")
     if name in _INFORMATIONAL_TYPES:
         return []
     if name not in SES_EVENTS:
-        raise UnsupportedEvent(PROVIDER, name)
+        raise events.UnsupportedEvent(PROVIDER, name)
     rule = SES_EVENTS[name]
 
     mail = _object(record, "mail")
@@ -359,36 +354,32 @@ def parse_ses_notification(message_json: str | Mapping[str, Any]) -> list[Provid
     our_id = _our_message_id(mail)
     bounce_type = None
     if rule.kind is K.BOUNCED:
-        bounce_type = SES_BOUNCE_TYPES.get(str(body.get("bounceType")), BounceType.SOFT)
+        bounce_type = SES_BOUNCE_TYPES.get(str(body.get("bounceType")), events.BounceType.SOFT)
     feedback_id = _text(body.get("feedbackId"))  # bounces and complaints only
     link = _text(body.get("link"))
 
-    events = []
+    found = []
     for address, entry in _recipients(mail, body, rule.recipients_key):
-        recipient = normalize_recipient(event_fields.identifier(address, ADDRESS_MAX))
+        recipient = events.normalize_recipient(event_fields.identifier(address, ADDRESS_MAX))
         if recipient is not None and len(recipient) > ADDRESS_MAX:
             recipient = None
-        events.append(
-            ProviderEvent(
-                provider=PROVIDER,
-                kind=rule.kind,
-                provider_event=name,
-                bounce_type=bounce_type,
-                occurred_at=occurred_at,
+        found.append(
+            events.keyed_event(
+                PROVIDER,
+                name,
+                rule.kind,
+                bounce_type,
+                occurred_at,
+                recipient=recipient,
                 provider_message_id=provider_message_id,
                 message_id=our_id,
-                recipient=recipient,
-                dedup_key=dedup_key(
-                    PROVIDER,
-                    provider_event_id=feedback_id,
-                    recipient=recipient,
-                    content=(name, provider_message_id, occurred_at.isoformat(), link),
-                ),
+                provider_event_id=feedback_id,
+                content=(name, provider_message_id, occurred_at.isoformat(), link),
                 detail=rule.detail(body, entry),
                 raw=raw,
             )
         )
-    return events
+    return found
 
 
 def _load_record(message_json: str | Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -399,9 +390,9 @@ def _load_record(message_json: str | Mapping[str, Any]) -> Mapping[str, Any] | N
     except (ValueError, RecursionError) as error:
         if message_json.strip() == _INFORMATIONAL_TEXT:
             return None
-        raise InvalidPayload("the SNS Message is not an SES JSON record") from error
+        raise events.InvalidPayload("the SNS Message is not an SES JSON record") from error
     if not isinstance(record, dict):
-        raise InvalidPayload("the SES record is not a JSON object")
+        raise events.InvalidPayload("the SES record is not a JSON object")
     return record
 
 
@@ -441,7 +432,7 @@ def _our_message_id(mail: Mapping[str, Any]) -> uuid.UUID | None:
         common.get("messageId") if isinstance(common, Mapping) else None,
     ]
     for value in candidates:
-        found = message_id_from_value(value)
+        found = events.message_id_from_value(value)
         if found is not None:
             return found
     return None
@@ -458,7 +449,7 @@ def _header_values(headers: list[Mapping[str, Any]], name: str) -> Iterator[obje
 def _object(record: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     value = record.get(key, {})
     if not isinstance(value, Mapping):
-        raise InvalidPayload(f"the SES record's {key!r} is not an object")
+        raise events.InvalidPayload(f"the SES record's {key!r} is not an object")
     return value
 
 
@@ -466,14 +457,14 @@ def _parse_time(value: object, what: str) -> datetime:
     """An ISO 8601 time as SES and SNS write it (2017-08-05T00:41:02.669Z), in UTC, that
     every database can store."""
     if not isinstance(value, str):
-        raise InvalidPayload(f"{what} is missing")
+        raise events.InvalidPayload(f"{what} is missing")
     try:
         parsed = datetime.fromisoformat(value)
         # Both services document UTC; a time without an offset is taken as UTC.
         utc = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
         return event_fields.storable_time(utc)
     except (ValueError, OverflowError) as error:  # year 1 at +14:00 overflows
-        raise InvalidPayload(f"{what} {value[:40]!r} is not an ISO 8601 time") from error
+        raise events.InvalidPayload(f"{what} {value[:40]!r} is not an ISO 8601 time") from error
 
 
 def _text(value: object) -> str | None:

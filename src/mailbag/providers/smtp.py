@@ -53,17 +53,9 @@ from aiosmtplib import (
 from aiosmtplib.email import quote_address
 
 from mailbag.compose import OutgoingEmail
-from mailbag.domain.delivery import (
-    Accepted,
-    Ambiguous,
-    Deferred,
-    Disabled,
-    Rejected,
-    SendOutcome,
-    Throttled,
-)
+from mailbag.domain import delivery
 from mailbag.providers import register
-from mailbag.providers.base import SendOneByOne
+from mailbag.providers.base import Capabilities, SendOneByOne
 from mailbag.providers.kit import OutcomeClass, describe, envelope_address, failure_outcome, scrub
 from mailbag.providers.smtp_wire import Wire
 
@@ -119,7 +111,7 @@ class Row(NamedTuple):
 
 
 # The domain's outcome classes, one letter each so that a row reads at a glance.
-D, R, A, X = Deferred, Rejected, Ambiguous, Disabled
+D, R, A, X = delivery.Deferred, delivery.Rejected, delivery.Ambiguous, delivery.Disabled
 
 OUTCOME_TABLE: Final[dict[Phase, Row]] = {
     #                  4xx 5xx 530 network timeout tls not-offered other
@@ -166,6 +158,8 @@ connection before this table is consulted: the server had not seen the message y
 """
 
 del D, R, A, X
+
+SESSION_PHASES: Final = frozenset({Phase.CONNECT, Phase.EHLO, Phase.STARTTLS, Phase.AUTH})
 
 THROTTLE_REPLY: Final = re.compile(r"throttl|rate limit|sending rate", re.IGNORECASE)
 _ENHANCED_STATUS = re.compile(r"^\d\.\d{1,3}\.\d{1,3}\s*")
@@ -221,6 +215,16 @@ class StepFailed(Exception):
         self.failure = failure
         self.detail = detail
         self.reply_code = reply_code
+
+    @property
+    def provider_fault(self) -> bool:
+        """Whether a Deferred here is the server's fault, not the message's: anything while
+        setting up the session, a connection lost or timed out before the content, and a
+        421 (service not available) anywhere. A 4xx to MAIL FROM, RCPT TO or DATA is about
+        this message (greylisting, a full mailbox): its own attempts pay for that."""
+        if self.phase in SESSION_PHASES or self.reply_code == REPLY_SERVICE_CLOSING:
+            return True
+        return self.failure is not Failure.TEMPORARY
 
     @classmethod
     def from_exception(cls, phase: Phase, exc: BaseException) -> StepFailed:
@@ -291,7 +295,7 @@ class Connection:
 class SMTPProvider(SendOneByOne):
     name = "smtp"
     max_batch_size = 1
-    supports_utf8_local_part = True  # with SMTPUTF8, when the server offers it
+    capabilities = Capabilities(utf8_local_part=True)  # with SMTPUTF8, when the server has it
     idempotency_window: timedelta | None = None  # SMTP has no idempotency key
 
     def __init__(
@@ -339,7 +343,7 @@ class SMTPProvider(SendOneByOne):
 
     # --- sending ---------------------------------------------------------------------------
 
-    async def send(self, email: OutgoingEmail) -> SendOutcome:
+    async def send(self, email: OutgoingEmail) -> delivery.SendOutcome:
         try:
             envelope = Envelope.of(email)
         except Exception as exc:
@@ -356,7 +360,7 @@ class SMTPProvider(SendOneByOne):
             detail = scrub("refused at RCPT TO: " + "; ".join(delivered.refused), *self._secrets)
             log.warning("smtp: message %s accepted, but %s", email.message_id, detail)
         message_id = provider_message_id(delivered.reply.message, email)
-        return Accepted(provider_message_id=message_id, detail=detail)
+        return delivery.Accepted(provider_message_id=message_id, detail=detail)
 
     async def _send_over_pool(self, envelope: Envelope) -> Delivered:
         connection = await self._checkout()
@@ -449,16 +453,16 @@ class SMTPProvider(SendOneByOne):
         except Exception as exc:
             raise StepFailed.from_exception(phase, exc) from exc
 
-    def _outcome(self, failed: StepFailed) -> SendOutcome:
+    def _outcome(self, failed: StepFailed) -> delivery.SendOutcome:
         found = outcome_class(failed.phase, failed.failure)
-        if found is Deferred and failed.is_reply and THROTTLE_REPLY.search(failed.detail):
-            found = Throttled
+        if found is delivery.Deferred and failed.is_reply and THROTTLE_REPLY.search(failed.detail):
+            found = delivery.Throttled
         where = f"SMTP {self._host}:{self._port}, {failed.phase.value}"
         text = scrub(f"{where}: {failed.detail}", *self._secrets)
         log.debug("smtp: %s -> %s", text, found.__name__)
         # Not keyed: no key to resend under, so the worker must not retry an Ambiguous one,
         # only reconcile it. No provider_message_id either: the server gave none.
-        return failure_outcome(found, text, keyed=False)
+        return failure_outcome(found, text, keyed=False, provider_fault=failed.provider_fault)
 
     # --- the pool --------------------------------------------------------------------------
 

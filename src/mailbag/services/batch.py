@@ -1,8 +1,8 @@
 """Many messages at once: `mailbag send-bulk` and `POST /v1/messages/batch`.
 
-A batch is written by enqueue_many in one transaction (the API) or in chunks of one
+A batch is written by outbox.write_many in one transaction (the API) or in chunks of one
 transaction each (the CLI); what differs from a single enqueue is that one bad message
-must refuse that message only. new_message and check_renders judge each message alone;
+must refuse that message only. services.intake judges each message alone;
 the one rule that needs the database, an explicit `from` being a sender identity of the
 message's tenant, is checked here per message before anything is written (enqueue would
 refuse the whole batch for it).
@@ -107,7 +107,7 @@ class Batches:
                 if position in refused:
                     results[i]["error"] = problem(refused[position])
             writable = [(i, m) for position, (i, m) in enumerate(wanted) if position not in refused]
-            enqueued = await outbox_service.enqueue_many_async(
+            enqueued = await outbox_service.write_many_async(
                 tx.connection,
                 [m for _, m in writable],
                 max_attempts=self.settings.max_attempts,

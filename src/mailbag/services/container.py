@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag.clock import Clock
+from mailbag.services.hooks import Hooks
 from mailbag.services.messages import Messages
 from mailbag.services.operations import Operations
 from mailbag.services.throttle import FailureThrottle
@@ -53,6 +54,7 @@ class Services:
     messages: Messages
     verifications: Verifications
     operations: Operations
+    hooks: Hooks  # every method raises HooksOff while HOOKS_KEY is unset
     catalog: Catalog
     known_keys: KeyCache = field(default_factory=lambda: KeyCache())
     # Wrong console passwords and wrong admin tokens, each limited on its own.

@@ -1,8 +1,9 @@
 """Event hooks for operators: endpoints and their secrets, deliveries, replays.
 
-The admin API and the console use `Hooks` (async engine); the CLI uses `SyncHooks` (sync
-engine). Both run the same plans (store/hooks.py), so an action means the same thing
-wherever it is taken; every replay is recorded with the operator as the actor.
+One service, `Hooks` (async), for every door: the admin API and the console hold it in the
+Services container, the CLI runs it with asyncio.run (cli/invocation.on_async_engine). An
+action means the same thing wherever it is taken; every replay is recorded with the
+operator as the actor. A tenant is named by its id or its name (services.tenants).
 
 With HOOKS_KEY unset hooks are off: every method raises `HooksOff` (the API answers 404
 problem "hooks are off", the CLI says which setting to set), the worker delivers nothing
@@ -14,7 +15,7 @@ Errors:
     UnknownEndpoint     no such endpoint (for this tenant, when one is given): 404
     UnknownDelivery     no such delivery (for this tenant, when one is given): 404
     NotReplayable       the delivery is pending, processing or retrying already: 409
-    UnknownTenant       (services.tenants) the CLI named no tenant: exit 1
+    UnknownTenant       (services.tenants) no tenant has that id or name: 404, exit 2
 """
 
 from __future__ import annotations
@@ -27,28 +28,33 @@ from mailbag.clock import utcnow
 from mailbag.domain.hooks import (
     DeliveryEvent,
     DState,
+    EndpointFields,
     HookDelivery,
     HookEndpoint,
     HookEvent,
     SecretBox,
-    check_description,
-    check_url,
+    check_endpoint,
     new_secret,
-    parse_events,
 )
 from mailbag.domain.ids import uuid7
 from mailbag.services.tenants import tenant_id_of
 from mailbag.settings import Settings
 from mailbag.store import hooks as store
 from mailbag.store.plan import Plan
-from mailbag.store.session import AsyncDatabase, Database
+from mailbag.store.session import AsyncDatabase
 
 if TYPE_CHECKING:  # engines are handed in, never made here
-    from sqlalchemy import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 PAGE_MAX = 200
 T = TypeVar("T")
+
+
+def fan_out(settings: Settings) -> store.FanOut:
+    """How a process with these settings fans events out to hook endpoints: off while
+    HOOKS_KEY is unset. Whoever builds an engine from settings (the API, the worker, the
+    CLI, mailbag.testing, the Django integration) gives it `fan_out(settings).options()`."""
+    return store.FanOut(enabled=settings.hooks_enabled, max_attempts=settings.hook_max_attempts)
 
 
 class HooksOff(Exception):
@@ -115,8 +121,12 @@ class _Plans:
             raise HooksOff()
         return SecretBox(self.settings.hooks_key.get_secret_value())
 
-    def url(self, url: str) -> str:
-        return check_url(url, allow_http_localhost=self.settings.hook_allow_http_localhost)
+    def fields(
+        self, url: str | None, events: list[str] | None, description: str | None
+    ) -> EndpointFields:
+        return check_endpoint(
+            url=url, events=events, description=description, policy=self.settings.hook_url_policy
+        )
 
     def create(
         self,
@@ -125,30 +135,27 @@ class _Plans:
         events: list[str],
         description: str | None,
         enabled: bool,
-        *,
-        resolve: bool,
     ) -> Plan[NewSecret]:
         box = self.box()
-        checked_url, chosen = self.url(url), parse_events(events)
-        checked_description = check_description(description)
-        tenant_id = (yield from tenant_id_of(tenant)) if resolve else tenant
+        checked = self.fields(url, events, description)
+        tenant_id = yield from tenant_id_of(tenant)
         now, secret = utcnow(), new_secret()
         endpoint = HookEndpoint(
             id=uuid7(),
             tenant_id=tenant_id,
-            url=checked_url,
-            events=chosen,
+            url=url.strip(),
+            events=checked.events or frozenset(),
             enabled=enabled,
-            description=checked_description,
+            description=checked.description,
             created_at=now,
             updated_at=now,
         )
         yield from store.create_endpoint(endpoint, box.seal(secret))
         return NewSecret(endpoint, secret)
 
-    def listing(self, tenant: str | None, *, resolve: bool) -> Plan[list[HookEndpoint]]:
+    def listing(self, tenant: str | None) -> Plan[list[HookEndpoint]]:
         self.box()
-        tenant_id = (yield from tenant_id_of(tenant)) if resolve and tenant else tenant
+        tenant_id = (yield from tenant_id_of(tenant)) if tenant else None
         return (yield from store.endpoints(tenant_id))
 
     def get(self, endpoint_id: uuid.UUID, tenant_id: str | None) -> Plan[HookEndpoint]:
@@ -169,14 +176,16 @@ class _Plans:
         description: str | None,
     ) -> Plan[HookEndpoint]:
         self.box()
+        checked = self.fields(url, events, description)
         changed = yield from store.update_endpoint(
             endpoint_id,
             tenant_id=tenant_id,
             now=utcnow(),
-            url=None if url is None else self.url(url),
-            events=None if events is None else parse_events(events),
+            url=None if url is None else url.strip(),
+            events=checked.events,
             enabled=enabled,
-            description=None if description is None else (check_description(description) or ""),
+            # Given but blank: the description is cleared.
+            description=None if description is None else (checked.description or ""),
         )
         if changed is None:
             raise UnknownEndpoint(endpoint_id)
@@ -197,14 +206,14 @@ class _Plans:
             raise UnknownEndpoint(endpoint_id)
 
     def deliveries(
-        self, filter: DeliveryFilter, cursor: str | None, limit: int, *, resolve: bool
+        self, filter: DeliveryFilter, cursor: str | None, limit: int
     ) -> Plan[DeliveryPage]:
         self.box()
         if not 1 <= limit <= PAGE_MAX:
             raise ValueError(f"limit must be 1 to {PAGE_MAX}")
         after = store.decode_cursor(cursor) if cursor else None
         tenant_id = filter.tenant_id
-        if resolve and tenant_id is not None:
+        if tenant_id is not None:
             tenant_id = yield from tenant_id_of(tenant_id)
         query = store.DeliveryQuery(
             tenant_id=tenant_id,
@@ -246,8 +255,9 @@ class _Plans:
 
 
 class Hooks:
-    """Hooks for the admin API and the console (async). `tenant_id` limits an operation to
-    one tenant's endpoints/deliveries (None: any tenant, the operator's view)."""
+    """Hooks for the admin API, the console and the CLI. `tenant` (an id or a name) or
+    `tenant_id` limits an operation to one tenant's endpoints and deliveries (None: any
+    tenant, the operator's view)."""
 
     def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
         self.engine, self.settings = engine, settings
@@ -268,21 +278,21 @@ class Hooks:
 
     async def create_endpoint(
         self,
-        tenant_id: str,
+        tenant: str,
         url: str,
         events: list[str],
         description: str | None = None,
         *,
         enabled: bool = True,
     ) -> NewSecret:
-        """A new endpoint for a tenant (by id), subscribed to `events` (`sent` or
+        """A new endpoint for a tenant, subscribed to `events` (`sent` or
         `message.sent`, `*` for all; domain.hooks.parse_events) and its secret."""
-        plan = self.plans.create(tenant_id, url, events, description, enabled, resolve=False)
+        plan = self.plans.create(tenant, url, events, description, enabled)
         return await self._write(plan)
 
-    async def list_endpoints(self, tenant_id: str | None = None) -> list[HookEndpoint]:
+    async def list_endpoints(self, tenant: str | None = None) -> list[HookEndpoint]:
         """Endpoints, oldest first; one tenant's, or every tenant's."""
-        return await self._read(self.plans.listing(tenant_id, resolve=False))
+        return await self._read(self.plans.listing(tenant))
 
     async def get_endpoint(
         self, endpoint_id: uuid.UUID, tenant_id: str | None = None
@@ -326,8 +336,7 @@ class Hooks:
     ) -> DeliveryPage:
         """Deliveries, newest first, `limit` (1..PAGE_MAX) a page. ValueError: a bad cursor
         or limit."""
-        plan = self.plans.deliveries(filter, cursor, limit, resolve=False)
-        return await self._read(plan)
+        return await self._read(self.plans.deliveries(filter, cursor, limit))
 
     async def get_delivery(
         self, delivery_id: uuid.UUID, tenant_id: str | None = None
@@ -341,72 +350,3 @@ class Hooks:
         """Send a delivered or dead delivery again, with the same webhook-id and body and a
         fresh attempt budget; recorded with `actor`. NotReplayable otherwise."""
         return await self._write(self.plans.replay(delivery_id, actor, tenant_id))
-
-
-class SyncHooks:
-    """The same for the CLI (sync engine); `tenant` may be a tenant's id or its name."""
-
-    def __init__(self, engine: Engine, settings: Settings) -> None:
-        self.engine, self.settings = engine, settings
-        self.db, self.plans = Database(engine), _Plans(settings)
-
-    @property
-    def enabled(self) -> bool:
-        return self.settings.hooks_enabled
-
-    def _write(self, plan: Plan[T]) -> T:
-        with self.db.transaction() as tx:
-            return tx.run(plan)
-
-    def _read(self, plan: Plan[T]) -> T:
-        with self.db.connect(read_only=True) as session:
-            return session.run(plan)
-
-    def create_endpoint(
-        self,
-        tenant: str,
-        url: str,
-        events: list[str],
-        description: str | None = None,
-        *,
-        enabled: bool = True,
-    ) -> NewSecret:
-        plan = self.plans.create(tenant, url, events, description, enabled, resolve=True)
-        return self._write(plan)
-
-    def list_endpoints(self, tenant: str | None = None) -> list[HookEndpoint]:
-        return self._read(self.plans.listing(tenant, resolve=True))
-
-    def get_endpoint(self, endpoint_id: uuid.UUID) -> HookEndpoint:
-        return self._read(self.plans.get(endpoint_id, None))
-
-    def update_endpoint(
-        self,
-        endpoint_id: uuid.UUID,
-        *,
-        url: str | None = None,
-        events: list[str] | None = None,
-        enabled: bool | None = None,
-        description: str | None = None,
-    ) -> HookEndpoint:
-        plan = self.plans.update(
-            endpoint_id, None, url=url, events=events, enabled=enabled, description=description
-        )
-        return self._write(plan)
-
-    def rotate_secret(self, endpoint_id: uuid.UUID) -> NewSecret:
-        return self._write(self.plans.rotate(endpoint_id, None))
-
-    def delete_endpoint(self, endpoint_id: uuid.UUID) -> None:
-        self._write(self.plans.delete(endpoint_id, None))
-
-    def list_deliveries(
-        self, filter: DeliveryFilter, *, cursor: str | None = None, limit: int = 50
-    ) -> DeliveryPage:
-        return self._read(self.plans.deliveries(filter, cursor, limit, resolve=True))
-
-    def get_delivery(self, delivery_id: uuid.UUID) -> DeliveryDetail:
-        return self._read(self.plans.delivery(delivery_id, None))
-
-    def replay(self, delivery_id: uuid.UUID, *, actor: str) -> HookDelivery:
-        return self._write(self.plans.replay(delivery_id, actor, None))

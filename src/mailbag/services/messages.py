@@ -17,10 +17,11 @@ from mailbag.services.idempotency import Response, execute, fingerprint
 from mailbag.settings import Settings
 from mailbag.store import attachments as attachment_store
 from mailbag.store import enqueue as enqueue_store
+from mailbag.store import first_use, operator
 from mailbag.store import idempotency as idempotency_store
 from mailbag.store import messages as store
-from mailbag.store import operator
-from mailbag.store.enqueue import Enqueued, takes_first_use
+from mailbag.store.enqueue import Enqueued
+from mailbag.store.first_use import takes_first_use
 from mailbag.store.session import AsyncDatabase, AsyncSession, Conflict
 
 if TYPE_CHECKING:  # engines are handed in, never made here
@@ -150,20 +151,25 @@ class Messages:
     def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
         self.db, self.settings = AsyncDatabase(engine), settings
 
-    async def create(self, *, key: str | None, message: NewMessage, now: datetime) -> Response:
+    async def create(
+        self, *, key: str | None, message: NewMessage, now: datetime, actor: str = ACTOR
+    ) -> Response:
+        """Enqueue `message` under Idempotency-Key `key` (the API's rules: the same key and
+        message replay the first answer, another message is KeyReused); `actor` is who the
+        history says enqueued it (the API, or the CLI's `enqueue --key`)."""
         request_fingerprint = message_fingerprint(message)
         ttl = timedelta(hours=self.settings.idempotency_ttl_hours)
-        if key is not None and self.db.dialect == "postgresql" and takes_first_use(message):
-            first = await self._first_use(key, message, request_fingerprint, now, ttl)
+        if key is not None and takes_first_use(message):
+            first = await self._first_use(key, message, request_fingerprint, now, ttl, actor)
             if first is not None:
                 return first
 
         async def work(tx: AsyncSession) -> Response:
-            (enqueued,) = await outbox_service.enqueue_many_async(
+            (enqueued,) = await outbox_service.write_many_async(
                 tx.connection,
                 [message],
                 max_attempts=self.settings.max_attempts,
-                actor=ACTOR,
+                actor=actor,
                 now=now,
             )
             return Response(201, public(enqueued.message), str(enqueued.message.id))
@@ -180,11 +186,17 @@ class Messages:
         )
 
     async def _first_use(
-        self, key: str, message: NewMessage, request_fingerprint: str, now: datetime, ttl: timedelta
+        self,
+        key: str,
+        message: NewMessage,
+        request_fingerprint: str,
+        now: datetime,
+        ttl: timedelta,
+        actor: str,
     ) -> Response | None:
-        """PostgreSQL, a key's first use: record, message and history in one statement
-        (store.enqueue.enqueue_first_use). None: nothing was written (the key is in use, the
-        recipient suppressed, ...); the readable path decides that case."""
+        """A key's first use: record, message and history (store.first_use.message; on
+        PostgreSQL one statement). None: nothing was written (the key is in use, the
+        recipient suppressed, ...); the general path decides that case."""
         row = enqueue_store.first_use_row(message, now, self.settings.max_attempts)
         made = enqueue_store.first_use_message(row, message)
         response = Response(201, public(made), str(made.id))
@@ -199,15 +211,10 @@ class Messages:
             status=response.status,
             body=response.body,
         )
-        # One statement is a transaction by itself: no BEGIN and COMMIT round trips.
-        async with self.db.engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            try:
-                kept = await AsyncSession(conn).run(
-                    enqueue_store.enqueue_first_use(row, record, now=now, actor=ACTOR)
-                )
-            except Conflict:
-                kept = False  # a message without a record holds the key
+        try:
+            kept = await self.db.run_at_once(first_use.message(row, record, now=now, actor=actor))
+        except Conflict:
+            kept = False  # a message without a record holds the key
         if not kept:
             return None
         outbox_service.count_created([Enqueued(made, True)])

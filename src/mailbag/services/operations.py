@@ -19,6 +19,7 @@ from mailbag.store import messages as message_store
 from mailbag.store import operator, stats
 from mailbag.store import suppressions as suppression_store
 from mailbag.store.message_transitions import Changed
+from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase
 
 if TYPE_CHECKING:  # engines are handed in, never made here
@@ -84,27 +85,24 @@ class Operations:
         if message_ids is None and where is None:
             raise ValueError("requeue needs ids or a filter")
         which = Filter(ids=message_ids) if message_ids is not None else where or Filter()
-        async with self.db.transaction() as tx:
-            changed = await tx.run(
-                operator.requeue(
-                    where=which,
-                    now=now,
-                    actor=actor,
-                    extra_attempts=self.default_attempts,
-                    limit=BULK_LIMIT,
-                )
+        return await self._change(
+            operator.requeue(
+                where=which,
+                now=now,
+                actor=actor,
+                extra_attempts=self.default_attempts,
+                limit=BULK_LIMIT,
             )
-        return changed
+        )
 
     async def cancel(
         self, *, message_id: uuid.UUID, now: datetime, actor: str, tenant_id: str | None = None
     ) -> Changed[Message]:
         which = Filter(ids=[message_id], tenant_id=tenant_id)
-        async with self.db.transaction() as tx:
-            changed = await tx.run(operator.cancel(where=which, now=now, actor=actor))
-        if not changed:
-            raise NotAllowed("only pending messages can be cancelled")
-        return changed[0]
+        return await self._one(
+            operator.cancel(where=which, now=now, actor=actor),
+            refused="only pending messages can be cancelled",
+        )
 
     async def resolve(
         self,
@@ -119,19 +117,29 @@ class Operations:
         """Settle an unknown message from evidence an operator (or the reconciler) has."""
         if not evidence.strip():
             raise ValueError("say what the evidence is")
+        return await self._one(
+            operator.resolve(
+                message_id=message_id,
+                sent=sent,
+                now=now,
+                actor=actor,
+                evidence=evidence,
+                provider_message_id=provider_message_id,
+            ),
+            refused="only unknown messages can be resolved",
+        )
+
+    async def _change(self, plan: Plan[list[Changed[Message]]]) -> list[Changed[Message]]:
+        """What one operator statement changed, in a transaction of its own."""
         async with self.db.transaction() as tx:
-            changed = await tx.run(
-                operator.resolve(
-                    message_id=message_id,
-                    sent=sent,
-                    now=now,
-                    actor=actor,
-                    evidence=evidence,
-                    provider_message_id=provider_message_id,
-                )
-            )
+            return await tx.run(plan)
+
+    async def _one(self, plan: Plan[list[Changed[Message]]], *, refused: str) -> Changed[Message]:
+        """The message one operator statement changed; NotAllowed(refused) when it changed
+        none (the message is not in a state the action applies to)."""
+        changed = await self._change(plan)
         if not changed:
-            raise NotAllowed("only unknown messages can be resolved")
+            raise NotAllowed(refused)
         return changed[0]
 
     async def message(self, message_id: uuid.UUID) -> tuple[Any, list[Any], list[Any]] | None:

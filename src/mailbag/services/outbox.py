@@ -1,29 +1,23 @@
-"""Enqueueing: the outbox's front door, usable inside the caller's own transaction.
+"""Writing checked messages into the outbox, in the caller's transaction.
 
-    with engine.begin() as conn:                 # the application's transaction
-        conn.execute(insert(users).values(...))
-        mailbag.enqueue(conn, to="ada@example.com", template="welcome",
-                        data={"name": "Ada"}, idempotency_key=f"welcome-{user_id}")
-        mailbag.enqueue(conn, to=["ada@example.com"], cc=["acct@example.com"],
-                        subject="Invoice", html="<p>Attached.</p>",
-                        attachments=[mailbag.Attachment("invoice.pdf", "application/pdf", pdf)])
-
-Nothing here commits: the email exists exactly when the caller's transaction commits. A
-duplicate idempotency key returns the message already there and leaves the transaction
-usable. The same works with an `AsyncConnection` through `enqueue_async`.
+The messages come checked from services.intake, the one door from input to a NewMessage
+(`mailbag.enqueue` and its siblings are there). Nothing here commits: an email exists
+exactly when the caller's transaction commits. A duplicate idempotency key returns the
+message already there and leaves the transaction usable. Once the caller commits a
+message that was created, the workers are woken (wakeup.notify_after_commit).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 
 from mailbag import metrics, wakeup
 from mailbag.clock import utcnow
-from mailbag.domain.message import AddressInput, NewMessage, new_message
+from mailbag.domain.message import NewMessage
 from mailbag.domain.policy import RetryPolicy
 from mailbag.store import enqueue as store
 from mailbag.store.enqueue import Enqueued
@@ -56,7 +50,7 @@ def count_created(results: list[Enqueued]) -> None:
             metrics.ENQUEUED.labels(metrics.template_label(result.message.template_name)).inc()
 
 
-def _enqueued(results: list[Enqueued], conn: Connection) -> list[Enqueued]:
+def _written(results: list[Enqueued], conn: Connection) -> list[Enqueued]:
     """Count what was created and wake the workers once the caller commits it."""
     count_created(results)
     if any(r.created for r in results):
@@ -64,7 +58,7 @@ def _enqueued(results: list[Enqueued], conn: Connection) -> list[Enqueued]:
     return results
 
 
-def enqueue_many(
+def write_many(
     conn: Connection,
     messages: Sequence[NewMessage],
     *,
@@ -72,11 +66,13 @@ def enqueue_many(
     actor: str = "app",
     now: datetime | None = None,
 ) -> list[Enqueued]:
+    """Write messages services.intake checked (the store checks only what needs the
+    database: suppressions, sender identities, idempotency keys)."""
     results = Session(conn).run(_plan(messages, max_attempts, actor, now))
-    return _enqueued(results, conn)
+    return _written(results, conn)
 
 
-async def enqueue_many_async(
+async def write_many_async(
     conn: AsyncConnection,
     messages: Sequence[NewMessage],
     *,
@@ -84,33 +80,6 @@ async def enqueue_many_async(
     actor: str = "app",
     now: datetime | None = None,
 ) -> list[Enqueued]:
+    """`write_many` on an AsyncConnection."""
     results = await AsyncSession(conn).run(_plan(messages, max_attempts, actor, now))
-    return _enqueued(results, conn.sync_connection)  # type: ignore[arg-type]
-
-
-def enqueue(
-    conn: Connection,
-    *,
-    to: AddressInput | Sequence[AddressInput],
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    **fields: Any,
-) -> Enqueued:
-    """Validate one message and add it to the outbox in the caller's transaction. `fields`
-    are `new_message`'s: a template with data, or ready-made subject/html/text; cc, bcc,
-    reply_to, from_address, attachments (a list of `Attachment`), expires_at, priority,
-    unsubscribe_url, idempotency_key, limits, ... Raises InvalidMessage (MessageTooLarge
-    over a size limit) and writes nothing when a field is wrong."""
-    message = new_message(to=to, **fields)
-    return enqueue_many(conn, [message], max_attempts=max_attempts)[0]
-
-
-async def enqueue_async(
-    conn: AsyncConnection,
-    *,
-    to: AddressInput | Sequence[AddressInput],
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    **fields: Any,
-) -> Enqueued:
-    """`enqueue` on an AsyncConnection."""
-    message = new_message(to=to, **fields)
-    return (await enqueue_many_async(conn, [message], max_attempts=max_attempts))[0]
+    return _written(results, conn.sync_connection)  # type: ignore[arg-type]

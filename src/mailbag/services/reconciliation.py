@@ -11,7 +11,7 @@ event whose actor is `reconciler`. A message is never sent again to find out.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -179,11 +179,13 @@ class Reconciler:
         self,
         engine: AsyncEngine,
         *,
-        provider: Any = None,
+        providers: Mapping[str, Any] | None = None,
         flag_after: timedelta = timedelta(hours=1),
         batch: int = 100,
     ) -> None:
-        self.db, self.provider = AsyncDatabase(engine), provider
+        # By name, as messages record the provider that sent them: a lookup asks that one.
+        # (The worker's own mapping, not a copy: tenants' accounts join it as it reads them.)
+        self.db, self.providers = AsyncDatabase(engine), providers or {}
         self.flag_after, self.batch = flag_after, batch
         self.log = log.get("mailbag.reconciler")
 
@@ -204,11 +206,12 @@ class Reconciler:
             if found is not None:
                 settled = await _settle(tx, message, *found, now)
                 return ("resolved_sent" if found[0] else "resolved_failed") if settled else "gone"
-        if isinstance(self.provider, FindsSent):
+        provider = self.providers.get(message.provider or "")
+        if provider is None and len(self.providers) == 1:  # sent before it had a name
+            (provider,) = self.providers.values()
+        if isinstance(provider, FindsSent):
             try:
-                sightings = await self.provider.find_sent(
-                    message, rfc_message_id(message.id, domain)
-                )
+                sightings = await provider.find_sent(message, rfc_message_id(message.id, domain))
             except Exception as exc:  # a lookup failure is no evidence either way
                 self.log.warning(
                     "provider_lookup_failed", message_id=str(message.id), error=type(exc).__name__

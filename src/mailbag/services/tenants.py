@@ -1,11 +1,20 @@
 """Tenants: create one (its API key is shown once), list them, authenticate a key, and the
-sender identities each may send from."""
+sender identities each may send from.
+
+A person names a tenant by its id (`t_5f1c...`) or by its name (`acme`), wherever they
+name one: every option and argument of the command line, every path, query and body field
+of the admin API, the console's filters and forms. Each of those resolves it through
+`tenant_id_of` (run by `resolve` or `resolve_async`), so an unknown tenant is refused
+(UnknownTenant: exit 2, HTTP 404) before anything is written, never stored as a tenant id
+nobody has.
+"""
 
 from __future__ import annotations
 
+import re
 import secrets
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from email_validator import EmailNotValidError
 
@@ -31,6 +40,7 @@ if TYPE_CHECKING:  # engines are handed in, never made here
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 KEY_PREFIX = "mb_"
+TENANT_ID = re.compile(r"^t_[0-9a-f]{16}$")  # the ids create_tenant makes
 
 
 class NameTaken(Exception):
@@ -51,6 +61,8 @@ def new_api_key() -> str:
 def create_tenant(engine: Engine, name: str) -> tuple[Tenant, str]:
     """A new tenant and its API key. Only the key's digest is stored: this is the one time
     anyone sees the key."""
+    if name == DEFAULT_TENANT or TENANT_ID.match(name):  # a name must name one tenant only
+        raise NameTaken(f"{name!r} names a tenant by id already; choose another name")
     with Database(engine).transaction() as tx:
         if tx.run(store.by_name(name)) is not None:
             raise NameTaken(f"a tenant named {name!r} exists already")
@@ -101,14 +113,44 @@ def sender_identity(address: str, name: str | None) -> tuple[str, str | None]:
 
 
 def tenant_id_of(tenant: str) -> Plan[str]:
-    """The id of the tenant named by id or name. `default` (the CLI's and the Python
-    API's tenant) always exists."""
+    """The id of the tenant named by id or name (an id first: names never look like ids);
+    UnknownTenant if none. `default` (the CLI's and the Python API's tenant) always exists."""
     if tenant == DEFAULT_TENANT:
         return tenant
-    for known in (yield from store.all_tenants()):
-        if tenant in (known.id, known.name):
-            return known.id
-    raise UnknownTenant(tenant)
+    found = yield from store.named(tenant)
+    if not found:
+        raise UnknownTenant(tenant)
+    return next((t.id for t in found if t.id == tenant), found[0].id)
+
+
+@overload
+def resolve(engine: Engine, tenant: str) -> str: ...
+@overload
+def resolve(engine: Engine, tenant: None) -> None: ...
+def resolve(engine: Engine, tenant: str | None) -> str | None:
+    """`tenant_id_of` for the command line; None (no tenant: every tenant) stays None."""
+    if tenant is None:
+        return None
+    with Database(engine).connect(read_only=True) as session:
+        return session.run(tenant_id_of(tenant))
+
+
+@overload
+async def resolve_async(engine: AsyncEngine, tenant: str) -> str: ...
+@overload
+async def resolve_async(engine: AsyncEngine, tenant: None) -> None: ...
+async def resolve_async(engine: AsyncEngine, tenant: str | None) -> str | None:
+    """`tenant_id_of` for the admin API and the console."""
+    if tenant is None:
+        return None
+    async with AsyncDatabase(engine).connect(read_only=True) as session:
+        return await session.run(tenant_id_of(tenant))
+
+
+async def names(engine: AsyncEngine) -> dict[str, str]:
+    """Every tenant's name by its id, for pages that show tenants."""
+    async with AsyncDatabase(engine).connect(read_only=True) as session:
+        return {t.id: t.name for t in await session.run(store.all_tenants())}
 
 
 def _add(tenant: str, address: str, name: str | None, now: datetime) -> Plan[tuple[str, bool]]:

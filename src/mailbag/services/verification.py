@@ -21,26 +21,26 @@ from typing import TYPE_CHECKING, Any
 
 from mailbag import wakeup
 from mailbag.domain.ids import uuid7
-from mailbag.domain.message import Filter, NewMessage, new_message
+from mailbag.domain.message import Filter, NewMessage
 from mailbag.domain.states import Status
 from mailbag.domain.verification import (
     ACTIVE,
     FINAL,
     MAX_CONFIRM_ATTEMPTS,
     UNFINISHED,
-    VERIFICATIONS,
     EmailReference,
     VAction,
     VState,
     digest,
     matches,
 )
+from mailbag.services import intake
 from mailbag.services import outbox as outbox_service
 from mailbag.services.idempotency import Response, execute, fingerprint
 from mailbag.settings import Settings
 from mailbag.store import enqueue as enqueue_store
+from mailbag.store import first_use, operator
 from mailbag.store import idempotency as idempotency_store
-from mailbag.store import operator
 from mailbag.store import verifications as store
 from mailbag.store.enqueue import Enqueued
 from mailbag.store.session import AsyncDatabase, AsyncSession, Conflict
@@ -155,10 +155,9 @@ class Verifications:
         self, *, tenant_id: str, key: str, request: VerificationRequest, now: datetime
     ) -> Response:
         operation = "POST /v1/email-verifications"
-        if self.db.dialect == "postgresql":
-            done = await self._request_in_one_round_trip(tenant_id, key, request, now, operation)
-            if done is not None:
-                return done
+        done = await self._first_use(tenant_id, key, request, now, operation)
+        if done is not None:
+            return done
 
         async def work(tx: AsyncSession) -> Response:
             email = request.email
@@ -177,20 +176,7 @@ class Verifications:
                 raise ActiveVerificationExists(active.id)
             await self._check_limits(tx, tenant_id, email, now)
             verification = await tx.run(
-                store.create(
-                    {
-                        "id": uuid7(),
-                        "tenant_id": tenant_id,
-                        "email": email,
-                        "token_digest": "",
-                        "expires_at": now + self.ttl,
-                        "message_id": None,
-                        "template_name": request.template,
-                        "redirect_url": request.redirect_url,
-                    },
-                    now=now,
-                    actor=ACTOR,
-                ),
+                store.create(self._new(tenant_id, request, uuid7(), now), now=now, actor=ACTOR)
             )
             sent = await self._send(tx, verification, request.data, now, VAction.ENQUEUE)
             return Response(201, public(sent), str(sent.id))
@@ -286,7 +272,7 @@ class Verifications:
             send_number,
             data,
         )
-        (enqueued,) = await outbox_service.enqueue_many_async(
+        (enqueued,) = await outbox_service.write_many_async(
             tx.connection, [message], max_attempts=self.settings.max_attempts, actor=ACTOR, now=now
         )
         rotated = await tx.run(
@@ -296,12 +282,7 @@ class Verifications:
                 where=VerificationFilter(id=v.id, send_count=v.send_count),
                 now=now,
                 actor=ACTOR,
-                values={
-                    "token_digest": digest(self.tokens.token(v.id, send_number)),
-                    "message_id": enqueued.message.id,
-                    "send_count": send_number,
-                    "confirm_attempts": 0,
-                },
+                values=self._rotation(v.id, send_number, enqueued.message.id),
                 detail=_enqueued_detail(send_number),
             ),
         )
@@ -336,57 +317,74 @@ class Verifications:
         send_number: int,
         data: dict[str, Any],
     ) -> NewMessage:
-        """The email of a verification's send (it carries the send's reference, not the
-        token: the worker derives that when it renders)."""
-        return new_message(
+        """The email of a verification's send, through services.intake (it carries the
+        send's reference, not the token: the worker derives that when it renders). It is
+        rendered once with the token and link the worker will derive, never stored."""
+        reference = EmailReference(verification_id, send_number, redirect_url)
+        return intake.Rules.of(self.settings).message(
             to=email,
             template=template,
             tenant_id=tenant_id,
             idempotency_key=f"verification:{verification_id}:{send_number}",
             data={**data, "email": email, "expires_at": expires_at.strftime("%Y-%m-%d %H:%M UTC")},
-            metadata=EmailReference(verification_id, send_number, redirect_url).metadata(),
-            address_rules=self.settings.address_rules,
+            metadata=reference.metadata(),
+            secrets=reference.secrets(self.tokens.token(verification_id, send_number)),
         )
 
-    async def _request_in_one_round_trip(
+    def _new(
+        self,
+        tenant_id: str,
+        request: VerificationRequest,
+        verification_id: uuid.UUID,
+        now: datetime,
+    ) -> dict[str, Any]:
+        """What a request creates its verification with (store.verifications.create)."""
+        return {
+            "id": verification_id,
+            "tenant_id": tenant_id,
+            "email": request.email,
+            "token_digest": "",
+            "expires_at": now + self.ttl,
+            "message_id": None,
+            "template_name": request.template,
+            "redirect_url": request.redirect_url,
+        }
+
+    def _rotation(
+        self, verification_id: uuid.UUID, send_number: int, message_id: uuid.UUID
+    ) -> dict[str, Any]:
+        """What a send (the first, or a resend) moves its verification with: the new
+        token's digest, the email, the send number, no wrong tokens yet."""
+        return {
+            "token_digest": digest(self.tokens.token(verification_id, send_number)),
+            "message_id": message_id,
+            "send_count": send_number,
+            "confirm_attempts": 0,
+        }
+
+    async def _first_use(
         self, tenant_id: str, key: str, request: VerificationRequest, now: datetime, operation: str
     ) -> Response | None:
-        """PostgreSQL, the common request (store.verifications.request_in_one_round_trip):
-        the tenant's send lock, then one statement. None: it wrote nothing (an unfinished
-        verification for the address, a send limit, a suppressed address, a used key); the
-        readable path decides that case."""
-        verification_id = uuid7()
-        expires_at = now + self.ttl
+        """A key's first use (store.first_use.verification): under the tenant's send lock,
+        the verification, its email and the key's record; on PostgreSQL the lock and one
+        statement in one round trip. None: it wrote nothing (an unfinished verification
+        for the address, a send limit, a suppressed address, a used key); the general
+        path decides that case."""
+        created = store.created_row(self._new(tenant_id, request, uuid7(), now), now=now)
         message = self._email(
-            verification_id,
+            created["id"],
             tenant_id,
             request.email,
             request.template,
             request.redirect_url,
-            expires_at,
+            created["expires_at"],
             1,
             request.data,
         )
         message_row = enqueue_store.first_use_row(message, now, self.settings.max_attempts)
-        row = {
-            "id": verification_id,
-            "tenant_id": tenant_id,
-            "email": request.email,
-            "state": VERIFICATIONS.target(VAction.ENQUEUE).value,  # created, then enqueued
-            "token_digest": digest(self.tokens.token(verification_id, 1)),
-            "expires_at": expires_at,
-            "confirm_attempts": 0,
-            "send_count": 1,
-            "message_id": message_row["id"],
-            "template_name": request.template,
-            "redirect_url": request.redirect_url,
-            "created_at": now,
-            "updated_at": now,
-            "sent_at": None,
-            "verified_at": None,
-        }
-        made = Verification(**{**row, "state": VState(row["state"])})
-        response = Response(201, public(made), str(verification_id))
+        values = self._rotation(created["id"], 1, message_row["id"])
+        made = store.verification_of(store.moved(created, VAction.ENQUEUE, values, now=now))
+        response = Response(201, public(made), str(made.id))
         record = idempotency_store.complete_record(
             tenant_id=tenant_id,
             key=key,
@@ -398,21 +396,22 @@ class Verifications:
             status=response.status,
             body=response.body,
         )
-        # BEGIN, the send lock, the statement and COMMIT in one round trip (a pipeline).
-        async with self.db.engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            written = await store.request_in_one_round_trip(
-                conn,
-                row,
-                message_row,
-                record,
-                since=now - timedelta(hours=1),
-                per_email=self.settings.verification_sends_per_email_per_hour,
-                per_tenant=self.settings.verification_sends_per_tenant_per_hour,
-                now=now,
-                actor=ACTOR,
-                detail=_enqueued_detail(1),
-            )
+        plan = first_use.verification(
+            created,
+            values,
+            message_row,
+            record,
+            since=now - timedelta(hours=1),
+            per_email=self.settings.verification_sends_per_email_per_hour,
+            per_tenant=self.settings.verification_sends_per_tenant_per_hour,
+            now=now,
+            actor=ACTOR,
+            detail=_enqueued_detail(1),
+        )
+        try:
+            written = await self.db.run_at_once(plan)
+        except Conflict:
+            written = False  # a unique index: another row was first; nothing was written
         if not written:
             return None
         email = enqueue_store.first_use_message(message_row, message)

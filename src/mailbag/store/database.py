@@ -35,7 +35,7 @@ import json
 import re
 import sqlite3
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 
 import orjson
@@ -197,6 +197,7 @@ def _engine_options(
     timeout: float = DEFAULT_TIMEOUT,
     statement_timeout: float | None = None,
     pre_ping: bool = True,
+    execution_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     dialect = dialect_of(url)
     # hide_parameters: a database error's message would carry the statement's values (a
@@ -205,6 +206,8 @@ def _engine_options(
         "pool_pre_ping": pre_ping and dialect != "sqlite",
         "hide_parameters": True,
     }
+    if execution_options:
+        options["execution_options"] = dict(execution_options)
     if null_pool:
         options["poolclass"] = NullPool
     elif pool_size is not None and dialect != "sqlite":
@@ -270,6 +273,9 @@ class EngineOptions(TypedDict, total=False):
     # A round trip per checkout to find a dead connection first (True); False for callers
     # that take any database error as "wait and retry" anyway (the worker).
     pre_ping: bool
+    # What every connection carries for the plans it runs (store/plan.py connection_option):
+    # how this process fans events out to hook endpoints (store/hooks.py FanOut).
+    execution_options: Mapping[str, Any]
 
 
 def make_engine(url: str | URL, **options: Unpack[EngineOptions]) -> Engine:

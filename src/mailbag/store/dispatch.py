@@ -87,6 +87,10 @@ _FINALIZE_EVENTS: dict[Action, EventSpec] = {
     Action.MARK_SENT: LAST_ERROR,
     Action.RELEASE: EventSpec(offset=1, text="released unsent; no attempt spent"),
 }
+# A release that waits for its provider says why, and that it cost no attempt.
+WAITING = EventSpec(
+    offset=1, column="last_error", suffix=" (waits for its provider; no attempt spent)"
+)
 
 
 # The claim's parameters on PostgreSQL (its statement is cached: see `claim`).
@@ -106,10 +110,12 @@ def claim(
     lease: timedelta,
     limit: int,
     token: uuid.UUID | None = None,
+    paused_tenants: frozenset[str] = frozenset(),
 ) -> Plan[Claim]:
     """Take up to `limit` due messages under one fresh claim token, in claim order: due time
     less the priority's head start (content.HEAD_START), so higher priority goes first
     without starving the rest. Their attachments come along (references, not bytes).
+    Messages of `paused_tenants` (an operator's pause) are left where they are.
 
     Every due message has claim_order_at <= now + HEAD_START (the lowest priority's head
     start is -HEAD_START), which bounds the claim index's range; next_attempt_at <= now
@@ -132,6 +138,8 @@ def claim(
     else:
         due = and_(order_at <= now + HEAD_START, om.c.next_attempt_at <= now)
         values, params = claim_values, {}
+    if paused_tenants:  # rare: a statement of its own for each set of paused tenants
+        due = and_(due, om.c.tenant_id.not_in(sorted(paused_tenants)))
     changed = yield from transition(
         Action.CLAIM,
         as_row=message_from_row,
@@ -143,7 +151,7 @@ def claim(
         limit=limit,
         skip_locked=True,
         event=EventSpec(offset=1),
-        cache=("claim", limit),
+        cache=("claim", limit, tuple(sorted(paused_tenants))),
         params=params,
     )
     claimed = sorted((c.message for c in changed), key=lambda m: (m.claim_order_at, m.id))
@@ -207,17 +215,20 @@ def finalize(
     messages it holds. A row whose token no longer matches (the lease expired and was swept,
     or another worker holds it now) is left alone and reported as stale.
     """
-    groups: dict[tuple[Action, bool], dict[uuid.UUID, Decision]] = defaultdict(dict)
+    groups: dict[tuple[Action, bool, bool], dict[uuid.UUID, Decision]] = defaultdict(dict)
     for message_id, decision in decisions.items():
         if decision.action not in FINALIZE_ACTIONS:
             raise ValueError(f"{decision.action} is not a finalize action")
-        groups[(decision.action, decision.keep_attempt)][message_id] = decision
+        # A release that waits (for a provider) sets when it is due again; one that does
+        # not leaves it due at once.
+        waits = decision.action is Action.RELEASE and decision.next_attempt_at is not None
+        groups[(decision.action, decision.keep_attempt, waits)][message_id] = decision
 
     dialect = yield from current_dialect()
     changed: list[Changed[Settled]] = []
-    for (action, keep_attempt), group in groups.items():
+    for (action, keep_attempt, waits), group in groups.items():
         rows = PerRow(list(group), arrays=dialect == "postgresql", now=now)
-        values = _finalize_values(action, keep_attempt, group, now, provider, rows)
+        values = _finalize_values(action, keep_attempt, waits, group, now, provider, rows)
         ours = om.c.claim_token == rows.bind("token", token, om.c.claim_token.type)
         changed += yield from transition(
             action,
@@ -226,11 +237,13 @@ def finalize(
             values=values,
             now=now,
             actor=actor,
-            event=_FINALIZE_EVENTS.get(action)
+            event=WAITING
+            if waits
+            else _FINALIZE_EVENTS.get(action)
             or (EventSpec(offset=1, column="last_error") if keep_attempt else LAST_ERROR),
             # On PostgreSQL every value is a named parameter (PerRow): one statement per
             # kind of decision, built once.
-            cache=("finalize", action, keep_attempt) if rows.arrays else None,
+            cache=("finalize", action, keep_attempt, waits) if rows.arrays else None,
             params=rows.params,
         )
     done = {c.message.id for c in changed}
@@ -240,6 +253,7 @@ def finalize(
 def _finalize_values(
     action: Action,
     keep_attempt: bool,
+    waits: bool,
     group: Mapping[uuid.UUID, Decision],
     now: datetime,
     provider: str | None,
@@ -251,13 +265,22 @@ def _finalize_values(
         "attempt_count": om.c.attempt_count + (1 if spends_attempt else 0),
     }
     if action is Action.RELEASE:
+        if waits:  # handed back until its provider may take it: due then, not at once
+            _due_at(values, [d.next_attempt_at or now for d in group.values()], rows)
+            values["last_error"] = rows.value(
+                "last_error",
+                [truncate_error(d.error) for d in group.values()],
+                om.c.last_error.type,
+            )
         return values
     errors = [truncate_error(d.error) for d in group.values()]
     last_error = rows.value("last_error", errors, om.c.last_error.type)
     if action is Action.LAPSE:
         values.update(last_error=last_error, ambiguous_since=None)
         return values
-    values["provider"] = rows.bind("provider", provider, om.c.provider.type)
+    # Each decision may name the provider that made it (routes: one of several).
+    providers = [d.provider or provider for d in group.values()]
+    values["provider"] = rows.value("provider", providers, om.c.provider.type)
     provider_ids = [d.provider_message_id for d in group.values()]
     kept_provider_id = om.c.provider_message_id
     if action is Action.MARK_SENT:
@@ -276,9 +299,7 @@ def _finalize_values(
             "provider_message_id", provider_ids, kept_provider_id.type, kept_provider_id
         )
     if action is Action.RETRY:
-        next_at = [d.next_attempt_at or now for d in group.values()]
-        values["next_attempt_at"] = rows.value("next_attempt_at", next_at, UTCDateTime())
-        values["claim_order_at"] = claim_order(next_at, rows)
+        _due_at(values, [d.next_attempt_at or now for d in group.values()], rows)
         since = [d.ambiguous_since for d in group.values()]
         values["ambiguous_since"] = (
             rows.value("ambiguous_since", since, UTCDateTime()) if keep_attempt else None
@@ -286,6 +307,11 @@ def _finalize_values(
     elif action is not Action.MARK_UNKNOWN:
         values["ambiguous_since"] = None
     return values
+
+
+def _due_at(values: dict[str, Any], next_at: list[datetime], rows: PerRow) -> None:
+    values["next_attempt_at"] = rows.value("next_attempt_at", next_at, UTCDateTime())
+    values["claim_order_at"] = claim_order(next_at, rows)
 
 
 class PerRow:

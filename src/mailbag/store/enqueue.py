@@ -10,17 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    ARRAY,
-    Integer,
-    String,
-    Uuid,
-    any_,
-    bindparam,
-    func,
-    select,
-    text,
-)
+from sqlalchemy import ARRAY, Uuid, any_, bindparam, func, select
 
 from mailbag.domain.content import Attachment, head_start
 from mailbag.domain.hooks import HookEvent
@@ -41,7 +31,6 @@ from mailbag.store.message_transitions import (
     unpacked,
 )
 from mailbag.store.plan import Plan, Step, current_dialect
-from mailbag.store.schema import idempotency_records, message_events, suppressions
 from mailbag.store.transition import history_row, record
 from mailbag.store.types import insert_unless_taken
 
@@ -86,35 +75,8 @@ def enqueue(
     taken_keys = insert_unless_taken(dialect, om, (om.c.tenant_id, om.c.idempotency_key))
     yield Step(taken_keys, rows)
     keyed = [(m, row["id"]) for m, row in zip(messages, rows, strict=True) if m.idempotency_key]
-    written: set[uuid.UUID] = set()
-    if keyed:
-        # Which keyed rows are ours, by primary key: only a key that was taken is then read
-        # back by (tenant, key) (none on a first send), a lookup PostgreSQL plans as a scan
-        # of all the tenant's rows while the table is new to its statistics.
-        new_ids = [new_id for _, new_id in keyed]
-        if dialect == "postgresql":
-            # One array parameter, not 1,000: one statement, prepared once, read by the index
-            # (a long IN list went on being planned as a scan comparing every row with it).
-            ids = bindparam("new_ids", new_ids, type_=ARRAY(Uuid))
-            mine = select(om.c.id).where(om.c.id == any_(ids))
-        else:
-            mine = select(om.c.id).where(om.c.id.in_(new_ids))
-        written = set((yield Step(mine)).scalars().all())
-
-    taken_by: dict[tuple[str, str], Message] = {}
-    keys_by_tenant: dict[str, list[str]] = defaultdict(list)
-    for m, new_id in keyed:
-        if new_id not in written:
-            keys_by_tenant[m.tenant_id].append(m.idempotency_key)  # type: ignore[arg-type]
-    for tenant_id, keys in keys_by_tenant.items():
-        lookup = select(om).where(om.c.tenant_id == tenant_id, om.c.idempotency_key.in_(keys))
-        if dialect == "mysql":
-            # A locking read sees the row a concurrent enqueue committed, whatever the
-            # caller's isolation level and snapshot.
-            lookup = lookup.with_for_update(read=True)
-        for row in (yield Step(lookup)).all():
-            taken_by[(row.tenant_id, row.idempotency_key)] = message_from_row(row)
-
+    written = (yield from _ours(dialect, [new_id for _, new_id in keyed])) if keyed else set()
+    taken_by = yield from _holders(dialect, [m for m, new_id in keyed if new_id not in written])
     results: list[Enqueued] = []
     for m, new_row in zip(messages, rows, strict=True):
         holder = taken_by.get((m.tenant_id, m.idempotency_key)) if m.idempotency_key else None
@@ -125,6 +87,51 @@ def enqueue(
     if holders := [r.message for r in results if not r.created]:
         found = {m.id: m for m in (yield from attachment_store.attached(holders))}
         results = [r if r.created else Enqueued(found[r.message.id], False) for r in results]
+    yield from _record_created(dialect, messages, results, now=now, actor=actor)
+    return results
+
+
+def _ours(dialect: str, new_ids: list[uuid.UUID]) -> Plan[set[uuid.UUID]]:
+    """Which keyed rows are ours, by primary key: only a key that was taken is then read
+    back by (tenant, key) (none on a first send), a lookup PostgreSQL plans as a scan of all
+    the tenant's rows while the table is new to its statistics."""
+    if dialect == "postgresql":
+        # One array parameter, not 1,000: one statement, prepared once, read by the index
+        # (a long IN list went on being planned as a scan comparing every row with it).
+        ids = bindparam("new_ids", new_ids, type_=ARRAY(Uuid))
+        mine = select(om.c.id).where(om.c.id == any_(ids))
+    else:
+        mine = select(om.c.id).where(om.c.id.in_(new_ids))
+    return set((yield Step(mine)).scalars().all())
+
+
+def _holders(dialect: str, skipped: list[NewMessage]) -> Plan[dict[tuple[str, str], Message]]:
+    """The messages holding the keys these messages found taken, by (tenant, key)."""
+    keys_by_tenant: dict[str, list[str]] = defaultdict(list)
+    for m in skipped:
+        keys_by_tenant[m.tenant_id].append(m.idempotency_key)  # type: ignore[arg-type]
+    taken_by: dict[tuple[str, str], Message] = {}
+    for tenant_id, keys in keys_by_tenant.items():
+        lookup = select(om).where(om.c.tenant_id == tenant_id, om.c.idempotency_key.in_(keys))
+        if dialect == "mysql":
+            # A locking read sees the row a concurrent enqueue committed, whatever the
+            # caller's isolation level and snapshot.
+            lookup = lookup.with_for_update(read=True)
+        for row in (yield Step(lookup)).all():
+            taken_by[(row.tenant_id, row.idempotency_key)] = message_from_row(row)
+    return taken_by
+
+
+def _record_created(
+    dialect: str,
+    messages: Sequence[NewMessage],
+    results: list[Enqueued],
+    *,
+    now: datetime,
+    actor: str,
+) -> Plan[None]:
+    """What the messages created here add: their attachments, their history rows, the
+    hooks of those born failed, and (PostgreSQL) the workers' NOTIFY."""
     # Within one call the same key may appear twice: only its first row was inserted.
     seen: set[uuid.UUID] = set()
     created = []
@@ -137,23 +144,21 @@ def enqueue(
                 carried[result.message.id] = m.attachments
     if carried:
         yield from attachment_store.store(carried, now=now)
-    if created:
-        yield from record(
-            MESSAGE_ROWS,
-            [
-                history_row(MESSAGE_ROWS, vars(m), None, at=now, actor=actor, event=LAST_ERROR)
-                for m in created
-            ],
-        )
-        # A message whose every To is suppressed is born failed: its hook fires now.
-        if failed := [m for m in created if m.status == Status.FAILED]:
-            yield from hooks.fan_out(
-                [(HookEvent.FAILED, m) for m in failed], message_facts, now=now
-            )
-        if dialect == "postgresql":
-            # Delivered at commit, so idle workers wake exactly when the rows become visible.
-            yield Step(select(func.pg_notify(NOTIFY_CHANNEL, "")))
-    return results
+    if not created:
+        return
+    yield from record(
+        MESSAGE_ROWS,
+        [
+            history_row(MESSAGE_ROWS, vars(m), None, at=now, actor=actor, event=LAST_ERROR)
+            for m in created
+        ],
+    )
+    # A message whose every To is suppressed is born failed: its hook fires now.
+    if failed := [m for m in created if m.status == Status.FAILED]:
+        yield from hooks.fan_out([(HookEvent.FAILED, m) for m in failed], message_facts, now=now)
+    if dialect == "postgresql":
+        # Delivered at commit, so idle workers wake exactly when the rows become visible.
+        yield Step(select(func.pg_notify(NOTIFY_CHANNEL, "")))
 
 
 def _sender(m: NewMessage) -> tuple[str, str]:
@@ -250,31 +255,10 @@ def _new_row(
     }
 
 
-# --- PostgreSQL: a first use of an Idempotency-Key in one statement --------------------------
-#
-# POST /v1/messages with a key, on PostgreSQL, in its common case (one recipient, no explicit
-# `from`, no attachments): the idempotency record (response included), the message and its
-# history row go in with ONE statement of data-modifying CTEs, where the readable path
-# (services.idempotency.execute + enqueue) makes about nine round trips. One statement is
-# atomic by itself, so it runs without BEGIN/COMMIT (autocommit): one round trip. Each part
-# depends on the one before:
-#
-#   blocked: the recipient is on the tenant's suppression list (then nothing is written);
-#   took:    INSERT the record ... ON CONFLICT (tenant, key) DO NOTHING: a record holding the
-#            key (live, expired, or being written by a racing request, which the INSERT waits
-#            for) makes this empty, and nothing else is written;
-#   made:    INSERT the message FROM took: a message that holds the key without a record (an
-#            application enqueued it) fails the unique index, and the whole statement with it;
-#   history: INSERT its creation row FROM made; and pg_notify (delivered at commit) FROM made.
-#
-# Anything but a written message (a replay, a 409, an expired record, a suppressed
-# recipient, the unique-index error) has written nothing: the caller takes the readable
-# path, which decides that case exactly as before. The fast path never decides a conflict.
-
-
 def first_use_row(m: NewMessage, now: datetime, default_max_attempts: int) -> dict[str, Any]:
-    """The row a first use writes: as `enqueue` would, nobody suppressed (the statement checks
-    that), and no sender identity (the fast path takes no explicit `from`)."""
+    """The row a key's first use writes (store/first_use.py): as `enqueue` would, nobody
+    suppressed (its chain checks that), and no sender identity (it takes no explicit
+    `from`)."""
     return _new_row(m, now, default_max_attempts, frozenset(), None)
 
 
@@ -282,20 +266,9 @@ def first_use_message(row: dict[str, Any], m: NewMessage) -> Message:
     return _message(row, m)
 
 
-def takes_first_use(m: NewMessage) -> bool:
-    """Whether a message fits the one-statement path (see above)."""
-    return (
-        m.idempotency_key is not None
-        and m.from_address is None
-        and not m.attachments
-        and m.recipients.is_single
-    )
-
-
 # What a first use writes of a message: every column but those a new message leaves NULL
-# (claim, lease, provider, sending); the statement stays short and under psycopg's limits
-# for caching its parsed form (4,096 characters, 50 parameters).
-_FIRST_USE_COLUMNS = (
+# (claim, lease, provider, sending) and `from_address` (a first use has none).
+FIRST_USE_COLUMNS = (
     "id",
     "tenant_id",
     "idempotency_key",
@@ -320,108 +293,3 @@ _FIRST_USE_COLUMNS = (
     "claim_order_at",
     "attachment_count",
 )
-# The same value under one name: the tenant, the key and the time appear in several rows.
-_SHARED = {
-    "tenant_id": "tenant",
-    "idempotency_key": "key",
-    "created_at": "now",
-    "updated_at": "now",
-}
-_LEFT_NULL = tuple(c for c in om.c.keys() if c not in _FIRST_USE_COLUMNS)  # noqa: SIM118
-_RECORD_COLUMNS = ("operation", "fingerprint", "resource_id", "response_status", "response_body")
-
-
-def created_message_sql(source: str) -> str:
-    """Two CTEs, `made` and `made_history`: a new message row (first_use_row, its columns as
-    parameters) and its creation history row, written once per row of CTE `source`. Also
-    for a verification request's email (store.verifications.request_in_one_round_trip)."""
-    columns = ", ".join(_FIRST_USE_COLUMNS)
-    values = ", ".join(f":{_SHARED.get(c, c)}" for c in _FIRST_USE_COLUMNS)
-    return f"""made AS (
-    INSERT INTO outbox_messages ({columns})
-    SELECT {values} FROM {source}
-    RETURNING id, status
-), made_history AS (
-    INSERT INTO message_events (message_id, to_status, at, actor, attempt, detail)
-    SELECT id, status, :now, :event_actor, :event_attempt, :event_detail FROM made
-    RETURNING 1
-)"""  # noqa: S608 (constant names only; every value is a bound parameter)
-
-
-def created_message_types() -> dict[str, Any]:
-    return {
-        **{_SHARED.get(c, c): om.c[c].type for c in _FIRST_USE_COLUMNS},
-        "event_actor": message_events.c.actor.type,
-        "event_attempt": message_events.c.attempt.type,
-        "event_detail": message_events.c.detail.type,
-    }
-
-
-def created_message_values(
-    row: dict[str, Any], *, now: datetime, actor: str
-) -> dict[str, Any] | None:
-    """The parameters of created_message_sql; None when the row sets a column it leaves NULL
-    (not a plain new message: the caller takes the readable path)."""
-    event = history_row(MESSAGE_ROWS, row, None, at=now, actor=actor, event=LAST_ERROR)
-    if event["provider_message_id"] is not None or any(row.get(c) is not None for c in _LEFT_NULL):
-        return None
-    values = {_SHARED.get(c, c): row[c] for c in _FIRST_USE_COLUMNS}
-    values.update(
-        event_actor=event["actor"], event_attempt=event["attempt"], event_detail=event["detail"]
-    )
-    return values
-
-
-_FIRST_USE_SQL = f"""
-WITH blocked AS (
-    SELECT 1 FROM suppressions WHERE tenant_id = :tenant AND email = :blocked_email
-), took AS (
-    INSERT INTO idempotency_records (tenant_id, idempotency_key, created_at, expires_at,
-        {", ".join(_RECORD_COLUMNS)})
-    SELECT :tenant, :key, :now, :record_expires_at, {", ".join(f":{c}" for c in _RECORD_COLUMNS)}
-    WHERE NOT EXISTS (SELECT 1 FROM blocked)
-    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-    RETURNING id
-), {created_message_sql("took")}
-SELECT
-    (SELECT count(*) FROM took) AS took,
-    (SELECT count(*) FROM made) AS made,
-    (SELECT count(*) FROM made_history) AS history,
-    (SELECT pg_notify('{NOTIFY_CHANNEL}', '') FROM made) AS notified
-"""  # noqa: S608 (constant names only; every value is a bound parameter)
-
-
-def _first_use_statement() -> Any:
-    types = {
-        **created_message_types(),
-        **{c: idempotency_records.c[c].type for c in _RECORD_COLUMNS},
-        "record_expires_at": idempotency_records.c.expires_at.type,
-        "blocked_email": suppressions.c.email.type,
-    }
-    statement = text(_FIRST_USE_SQL).bindparams(*(bindparam(k, type_=t) for k, t in types.items()))
-    # Its answer's columns, named (docs/sql records the statement from them).
-    return statement.columns(took=Integer, made=Integer, history=Integer, notified=String)
-
-
-_FIRST_USE: list[Any] = []  # built once: SQLAlchemy then reuses its compiled form
-
-
-def enqueue_first_use(
-    row: dict[str, Any], record: dict[str, Any], *, now: datetime, actor: str
-) -> Plan[bool]:
-    """PostgreSQL only: write `record` (an idempotency_records row, response included), the
-    message `row` and its history row in one statement, atomic by itself (run it in
-    autocommit). False: it wrote nothing; raises IntegrityError (the session's Conflict),
-    having written nothing, when a message without a record holds the key. Either way the
-    caller takes the readable path."""
-    if (yield from current_dialect()) != "postgresql":
-        return False  # the readable path is every database's
-    values = created_message_values(row, now=now, actor=actor)
-    if values is None:
-        return False
-    if not _FIRST_USE:
-        _FIRST_USE.append(_first_use_statement())
-    values.update({c: record[c] for c in _RECORD_COLUMNS})
-    values.update(record_expires_at=record["expires_at"], blocked_email=row["to_address"].lower())
-    answer = (yield Step(_FIRST_USE[0], values)).one()
-    return bool(answer.took == answer.made == answer.history == 1)

@@ -17,7 +17,7 @@ import base64
 import binascii
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -25,7 +25,9 @@ from sqlalchemy import (
     ColumnElement,
     Row,
     and_,
+    case,
     delete,
+    func,
     insert,
     literal_column,
     or_,
@@ -35,7 +37,9 @@ from sqlalchemy import (
 )
 
 from mailbag.domain.hooks import (
+    CLAIMABLE_DELIVERIES,
     DELIVERIES,
+    Breaker,
     DAction,
     DeliveryEvent,
     DState,
@@ -50,7 +54,7 @@ from mailbag.domain.hooks import (
 )
 from mailbag.domain.ids import uuid7
 from mailbag.domain.message import truncate_error
-from mailbag.store.plan import Plan, Step, current_dialect
+from mailbag.store.plan import Plan, Step, connection_option, current_dialect
 from mailbag.store.schema import hook_deliveries as hd
 from mailbag.store.schema import hook_delivery_events as hde
 from mailbag.store.schema import hook_endpoints as he
@@ -72,21 +76,28 @@ LEASE_EXPIRED = "lease expired before the attempt was recorded; the POST may hav
 DEFAULT_MAX_ATTEMPTS = 8
 
 
-@dataclass
+FAN_OUT_OPTION = "mailbag_hook_fan_out"  # the execution option that carries a FanOut
+
+
+@dataclass(frozen=True)
 class FanOut:
-    """The process's fan-out switch: off when HOOKS_KEY is unset (runtime.configure_hooks).
-    On by default, so a process that never read the settings (an application enqueueing or
-    resolving through the Python API) loses no event of an endpoint that exists."""
+    """How a process fans events out to hook endpoints: off when HOOKS_KEY is unset. Set
+    by whoever builds the process's engine, from its settings (`options()`, given to
+    make_engine / make_async_engine as execution options: services.hooks.fan_out). A
+    connection without it (an application's own, enqueueing or resolving through the
+    Python API) fans out by default, so that no event of an endpoint that exists is lost."""
 
     enabled: bool = True
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
+    def options(self) -> dict[str, FanOut]:
+        return {FAN_OUT_OPTION: self}
 
-FANOUT = FanOut()
 
-
-def configure(*, enabled: bool, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
-    FANOUT.enabled, FANOUT.max_attempts = enabled, max_attempts
+def fan_out_config() -> Plan[FanOut]:
+    """The FanOut of the connection this plan runs on."""
+    found = yield from connection_option(FAN_OUT_OPTION)
+    return found if isinstance(found, FanOut) else FanOut()
 
 
 # --- Fan-out ---------------------------------------------------------------------------
@@ -112,7 +123,10 @@ def fan_out(
     """One delivery per (event, subscribed enabled endpoint of the subject's tenant);
     returns how many. `facts` is asked only about subjects whose tenant has an endpoint,
     and each event's payload is built once for all its endpoints (same webhook-id too)."""
-    if not events or not FANOUT.enabled:
+    if not events:
+        return 0
+    config = yield from fan_out_config()
+    if not config.enabled:
         return 0
     tenants = sorted({subject.tenant_id for _, subject in events})
     subscribers = select(he.c.id, he.c.tenant_id, he.c.events).where(
@@ -143,7 +157,7 @@ def fan_out(
                 "payload": body,
                 "status": DState.PENDING.value,
                 "attempts": 0,
-                "max_attempts": FANOUT.max_attempts,
+                "max_attempts": config.max_attempts,
                 "next_attempt_at": now,
                 "created_at": now,
                 "updated_at": now,
@@ -275,22 +289,67 @@ class HookClaim:
     deliveries: list[ClaimedDelivery]
 
 
-def claim(*, worker_id: str, now: datetime, lease: timedelta, limit: int) -> Plan[HookClaim]:
-    """Take up to `limit` due deliveries of enabled endpoints under one claim token, oldest
-    due first; other claimers skip what this one locked (see transition.py)."""
+@dataclass(frozen=True)
+class Fairness:
+    """How a claim shares the deliverer between endpoints: at most `in_flight` deliveries of
+    one endpoint in flight (counting every worker's, as of the claim), one while its
+    breaker is open; a paused endpoint's deliveries are not claimed at all."""
+
+    in_flight: int = 4
+    breaker: Breaker = field(default_factory=Breaker)
+
+
+# How many due rows the claim reads for each one it wants: enough to reach past an
+# endpoint that has room for only a few of its many due deliveries.
+CLAIM_WINDOW = 4
+
+
+def claim(
+    *,
+    worker_id: str,
+    now: datetime,
+    lease: timedelta,
+    limit: int,
+    fairness: Fairness = Fairness(),
+) -> Plan[HookClaim]:
+    """Take up to `limit` due deliveries of enabled, unpaused endpoints under one claim
+    token, oldest due first, each endpoint's no more than its room (`Fairness`); other
+    claimers skip what this one locked (see transition.py).
+
+    Two steps: read the head of the due queue with each endpoint's room (no lock), pick
+    from it in order, then claim the picked ones under the usual guard. An endpoint that
+    is full (a hanging receiver's deliveries) is left out of the head entirely, so it
+    never hides the others' behind its backlog."""
     token = uuid.uuid4()
     dialect = yield from current_dialect()
     due_at = MYSQL_CLAIMABLE_AT if dialect == "mysql" else hd.c.next_attempt_at
-    enabled = select(he.c.id).where(he.c.enabled == true())
+    room = _room(fairness, now)
+    head = (
+        select(hd.c.id, hd.c.endpoint_id, room.c.room)
+        .join(room, room.c.endpoint_id == hd.c.endpoint_id)
+        .where(DELIVERY_ROWS.in_states(CLAIMABLE_DELIVERIES), due_at <= now)
+        .order_by(due_at, hd.c.id)
+        .limit(limit * CLAIM_WINDOW)
+    )
+    picked: list[uuid.UUID] = []
+    taken: dict[uuid.UUID, int] = {}
+    for row in (yield Step(head)).all():
+        if taken.get(row.endpoint_id, 0) < row.room:
+            taken[row.endpoint_id] = taken.get(row.endpoint_id, 0) + 1
+            picked.append(row.id)
+            if len(picked) == limit:
+                break
+    if not picked:
+        return HookClaim(token, [])
     changed = yield from apply_transition(
         DELIVERY_ROWS,
         DAction.CLAIM,
-        where=and_(due_at <= now, hd.c.endpoint_id.in_(enabled.scalar_subquery())),
+        where=and_(hd.c.id.in_(picked), due_at <= now),
         values={"claim_token": token, "claimed_by": worker_id, "lease_expires_at": now + lease},
         now=now,
         actor=worker_id,
         order_by=(due_at, hd.c.id),
-        limit=limit,
+        limit=len(picked),
         skip_locked=True,
         event=EventSpec(offset=1),
     )
@@ -314,6 +373,31 @@ def claim(*, worker_id: str, now: datetime, lease: timedelta, limit: int) -> Pla
             for d in deliveries
             if d.endpoint_id in targets  # deleted since: its rows go with it
         ],
+    )
+
+
+def _room(fairness: Fairness, now: datetime) -> Any:
+    """Each enabled, unpaused endpoint with room for more deliveries in flight, and how
+    many: its allowance (one while its breaker is open) less what is in flight now."""
+    in_flight = (
+        select(hd.c.endpoint_id, func.count().label("n"))
+        .where(DELIVERY_ROWS.in_states({DState.PROCESSING}))  # the leased rows' index
+        .group_by(hd.c.endpoint_id)
+        .subquery("in_flight")
+    )
+    allowance = case(
+        (he.c.failures_in_row >= fairness.breaker.failures, 1), else_=fairness.in_flight
+    )
+    room = (allowance - func.coalesce(in_flight.c.n, 0)).label("room")
+    return (
+        select(he.c.id.label("endpoint_id"), room)
+        .select_from(he.outerjoin(in_flight, in_flight.c.endpoint_id == he.c.id))
+        .where(
+            he.c.enabled == true(),
+            or_(he.c.paused_until.is_(None), he.c.paused_until <= now),
+            room > 0,
+        )
+        .subquery("room")
     )
 
 
@@ -369,11 +453,85 @@ def finalize(
     return done
 
 
+@dataclass(frozen=True)
+class Settled:
+    """A batch recorded (`settle`): the deliveries changed, and the endpoints whose breaker
+    that batch opened (or kept open), with the time they wait until."""
+
+    deliveries: list[HookDelivery]
+    paused: dict[uuid.UUID, datetime]
+
+
+def settle(
+    *,
+    token: uuid.UUID,
+    results: Sequence[Attempted],
+    now: datetime,
+    actor: str,
+    breaker: Breaker,
+) -> Plan[Settled]:
+    """`finalize`, and each endpoint's breaker moved by what its attempts did, in the same
+    transaction."""
+    done = yield from finalize(token=token, results=results, now=now, actor=actor)
+    delivered: set[uuid.UUID] = set()
+    failed: dict[uuid.UUID, int] = {}
+    actions = {result.delivery_id: result.action for result in results}
+    for delivery in done:
+        action = actions[delivery.id]
+        if action is DAction.DELIVER:
+            delivered.add(delivery.endpoint_id)
+        elif action in (DAction.RETRY, DAction.BURY):
+            failed[delivery.endpoint_id] = failed.get(delivery.endpoint_id, 0) + 1
+    paused = yield from record_endpoint_outcomes(delivered, failed, now=now, breaker=breaker)
+    return Settled(done, paused)
+
+
+def record_endpoint_outcomes(
+    delivered: set[uuid.UUID],
+    failed: dict[uuid.UUID, int],
+    *,
+    now: datetime,
+    breaker: Breaker,
+) -> Plan[dict[uuid.UUID, datetime]]:
+    """An endpoint that answered 2xx closes its breaker; one whose attempts all failed adds
+    them to its failures in a row, and pauses once the breaker says so. Returns the paused
+    endpoints. A healthy endpoint's row is not written (the UPDATE's guard is false), so
+    busy endpoints cost no write and no lock here."""
+    if delivered:
+        yield Step(
+            update(he)
+            .where(
+                he.c.id.in_(sorted(delivered)),
+                or_(he.c.failures_in_row != 0, he.c.paused_until.is_not(None)),
+            )
+            .values(failures_in_row=0, paused_until=None)
+        )
+    paused: dict[uuid.UUID, datetime] = {}
+    for endpoint_id, count in sorted(failed.items()):
+        if endpoint_id in delivered:
+            continue  # it answered within this batch: not failing in a row
+        yield Step(
+            update(he)
+            .where(he.c.id == endpoint_id)
+            .values(failures_in_row=he.c.failures_in_row + count)
+        )
+        # The endpoint exists: its delivery was just claimed.
+        failures = (
+            yield Step(select(he.c.failures_in_row).where(he.c.id == endpoint_id))
+        ).scalar_one()
+        pause = breaker.pause(failures)
+        if pause is not None:
+            paused[endpoint_id] = now + pause
+            yield Step(update(he).where(he.c.id == endpoint_id).values(paused_until=now + pause))
+    return paused
+
+
 def sweep(*, now: datetime, actor: str, limit: int = 1000) -> Plan[list[HookDelivery]]:
     """Deliveries whose lease ran out (their worker died or hung mid-POST) go back to
     `retrying`, due now: the POST may have arrived, so the receiver may see it twice, with
-    the same webhook-id. The attempt counts: a delivery that kills its worker each time
-    still ends dead."""
+    the same webhook-id. The attempt counts, and the last one the budget allows ends the
+    delivery `dead` (domain.hooks.DELIVERIES: EXPIRE's two targets), so a delivery that
+    kills its worker every time stops at HOOK_MAX_ATTEMPTS."""
     dialect = yield from current_dialect()
     changed = yield from apply_transition(
         DELIVERY_ROWS,

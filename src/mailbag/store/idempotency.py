@@ -13,12 +13,24 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from sqlalchemy import delete, insert, select, update
 
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import idempotency_records as records
+
+
+class Claim(TypedDict):
+    """What a record holds a key with (take_key, complete_record): the tenant's key, the
+    operation and request fingerprint that first used it, when, and until when."""
+
+    tenant_id: str
+    key: str
+    operation: str
+    fingerprint: str
+    now: datetime
+    expires_at: datetime
 
 
 @dataclass(frozen=True)
@@ -62,26 +74,9 @@ def drop_if_expired(tenant_id: str, key: str, now: datetime) -> Plan[bool]:
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-def take_key(
-    *,
-    tenant_id: str,
-    key: str,
-    operation: str,
-    fingerprint: str,
-    now: datetime,
-    expires_at: datetime,
-) -> Plan[None]:
+def take_key(**claim: Unpack[Claim]) -> Plan[None]:
     """Claim the key; raises IntegrityError when another request holds it."""
-    yield Step(
-        insert(records).values(
-            tenant_id=tenant_id,
-            idempotency_key=key,
-            operation=operation,
-            fingerprint=fingerprint,
-            created_at=now,
-            expires_at=expires_at,
-        )
-    )
+    yield Step(insert(records).values(_taken(claim)))
 
 
 def record_response(
@@ -98,29 +93,27 @@ def record_response(
 
 
 def complete_record(
-    *,
-    tenant_id: str,
-    key: str,
-    operation: str,
-    fingerprint: str,
-    now: datetime,
-    expires_at: datetime,
-    resource_id: str | None,
-    status: int,
-    body: Any,
+    *, resource_id: str | None, status: int, body: Any, **claim: Unpack[Claim]
 ) -> dict[str, Any]:
     """A record taken and answered at once (store.enqueue.enqueue_first_use writes it in the
     statement that does the work): what take_key and record_response write together."""
     return {
-        "tenant_id": tenant_id,
-        "idempotency_key": key,
-        "operation": operation,
-        "fingerprint": fingerprint,
+        **_taken(claim),
         "resource_id": resource_id,
         "response_status": status,
         "response_body": _text(body),
-        "created_at": now,
-        "expires_at": expires_at,
+    }
+
+
+def _taken(claim: Claim) -> dict[str, Any]:
+    """The columns of a record that holds a key (take_key), before its answer is known."""
+    return {
+        "tenant_id": claim["tenant_id"],
+        "idempotency_key": claim["key"],
+        "operation": claim["operation"],
+        "fingerprint": claim["fingerprint"],
+        "created_at": claim["now"],
+        "expires_at": claim["expires_at"],
     }
 
 

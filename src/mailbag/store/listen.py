@@ -10,6 +10,11 @@ accepted, then its server connection goes back to the pool and no notification e
 there, so after each (re)connect a probe NOTIFYs a payload of its own, sent the way an
 enqueue's is (the caller's `probe`, on DATABASE_URL), and a warning says so when it does
 not arrive in time. Probe payloads wake nobody, here or on other replicas.
+
+`on_notify` gets each NOTIFY's payload (None at each (re)connect: what was sent meanwhile is
+lost), and `on_working` says when LISTEN is known to hear what DATABASE_URL sends (True: the
+probe came back) and when it stops (False: the connection is lost). A listener may count on
+NOTIFYs only in between.
 """
 
 from __future__ import annotations
@@ -50,12 +55,13 @@ async def notify(conn: AsyncConnection, channel: str, payload: str) -> None:
 async def listen(
     url: str,
     channel: str,
-    on_notify: Callable[[], None],
+    on_notify: Callable[[str | None], None],
     log: Any,
     network_timeout: float = DEFAULT_TIMEOUT,
     *,
     probe: Probe | None = None,
     probe_seconds: float = PROBE_SECONDS,
+    on_working: Callable[[bool], None] = lambda working: None,
 ) -> None:
     delay = 1.0
     while True:
@@ -65,11 +71,14 @@ async def listen(
             connection = await psycopg.AsyncConnection.connect(
                 libpq_url(url), autocommit=True, **connect_args(url, network_timeout)
             )
-            async with connection as conn:
-                await conn.execute(f"LISTEN {channel}")
-                delay = 1.0
-                on_notify()
-                await _hear(conn, url, on_notify, log, probe, probe_seconds)
+            try:
+                async with connection as conn:
+                    await conn.execute(f"LISTEN {channel}")
+                    delay = 1.0
+                    on_notify(None)
+                    await _hear(conn, url, on_notify, log, probe, probe_seconds, on_working)
+            finally:  # however it ends (lost, cancelled, a bug): nothing is heard from now
+                on_working(False)
         except (psycopg.Error, OSError) as exc:
             log.warning("listen_connection_lost", error=type(exc).__name__, retry_in=delay)
             await asyncio.sleep(delay)
@@ -79,12 +88,13 @@ async def listen(
 async def _hear(
     conn: psycopg.AsyncConnection[Any],
     url: str,
-    on_notify: Callable[[], None],
+    on_notify: Callable[[str | None], None],
     log: Any,
     probe: Probe | None,
     probe_seconds: float,
+    on_working: Callable[[bool], None],
 ) -> None:
-    """Wake at every notification until the connection ends, probing it once first."""
+    """Pass on every notification until the connection ends, probing it once first."""
     payload = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
     heard = asyncio.Event()
     checking = None
@@ -94,8 +104,9 @@ async def _hear(
         async for notification in conn.notifies():
             if notification.payload == payload:
                 heard.set()
+                on_working(True)
             elif not notification.payload.startswith(PROBE_PREFIX):  # another's probe
-                on_notify()
+                on_notify(notification.payload)
     finally:
         if checking is not None:
             checking.cancel()

@@ -210,7 +210,7 @@ def transition(
     )
     changed = [Changed(as_row(row), _STATUS[previous]) for row, previous in updated]
     yield from verifications.follow_messages(changed, now=now, actor=actor)
-    if hooks.FANOUT.enabled and (hook_event := _HOOK_EVENTS.get(action)):
+    if hook_event := _HOOK_EVENTS.get(action):
         yield from hooks.fan_out(
             [(hook_event, c.message) for c in changed if c.from_status != c.message.status],
             message_facts,

@@ -3,13 +3,21 @@
 A plan is a generator that yields SQL steps and receives each step's result; it returns the
 operation's answer. The plan never touches a connection, so the same SQL serves the CLI's
 sync `Connection`, the worker's and API's `AsyncConnection`, a caller's own transaction, and
-the recorder that writes docs/sql (store/sqldocs.py).
+the recorder that writes docs/sql (mailbag/sqlrecorder.py).
 
 A plan whose SQL differs between databases asks its runner which one it runs on
 (`dialect = yield from current_dialect()`): the runner answers from its connection, so no
-caller ever passes a dialect along. Every runner drives a plan through `answering`, which
-answers that question and hands the runner the SQL steps only; `run` and `run_async` differ
-by the `await` and nothing else.
+caller ever passes a dialect along. A plan that depends on how its process is configured
+asks for an option the session's builder set on the engine or connection (SQLAlchemy's
+execution options; `yield from connection_option(NAME)`, None when unset): the hooks'
+fan-out is one (store/hooks.py), so that no module holds a process-wide switch. Every
+runner drives a plan through `answering`, which answers those questions and hands the
+runner the SQL steps only; `run` and `run_async` differ by the `await` and nothing else.
+
+Statements that need none of each other's answers may be yielded together
+(`a, b = yield from together(Step(...), Step(...))`): a runner that can pipeline sends them
+to the server at once, in one round trip (AsyncDatabase.run_at_once on psycopg), and every
+other runner one after the other; either way the plan receives all their Results.
 """
 
 from __future__ import annotations
@@ -35,37 +43,72 @@ class Step:
     params: Params = None
 
 
-class _DialectQuestion:
-    """Yielded by `current_dialect`: the runner sends back the dialect, not a Result."""
+@dataclass(frozen=True)
+class _Question:
+    """Yielded by `current_dialect` (option None) or `connection_option`: the runner sends
+    back the dialect, or the option's value, not a Result."""
 
-    def __repr__(self) -> str:
-        return "DIALECT_QUESTION"
+    option: str | None = None
 
 
-DIALECT_QUESTION: Final = _DialectQuestion()
+DIALECT_QUESTION: Final = _Question()
+NO_OPTIONS: Mapping[str, Any] = {}
 
-# What a plan receives is a Result for each Step, and the Dialect for DIALECT_QUESTION. A
+
+@dataclass(frozen=True)
+class Together:
+    """Yielded by `together`: steps a runner may send at once, answered with a tuple of
+    their Results in order. `last`: the plan yields nothing after them, so a runner that
+    holds a transaction for this plan alone sends its COMMIT with them (`round_trip`)."""
+
+    steps: tuple[Step, ...]
+    last: bool = False
+
+
+# What a plan receives is a Result for each Step, and the answer to each question. A
 # Generator type cannot say that the answer depends on what was yielded, so Plan declares
-# the common case (Results: every `(yield Step(...)).all()` stays checked), and the one
-# question declares its own answer in `current_dialect` (mypy does not compare send types
-# across `yield from`). `answering` is the only place that sends a Dialect into a plan.
-Plan = Generator[Step | _DialectQuestion, Result[Any], T]
-Steps = Generator[Step, Result[Any], T]  # a plan whose dialect questions are answered
+# the common case (Results: every `(yield Step(...)).all()` stays checked), and each
+# question declares its own answer in its function (mypy does not compare send types
+# across `yield from`). `answering` is the only place that sends an answer into a plan.
+Plan = Generator[Step | Together | _Question, Result[Any], T]
+Steps = Generator[Step | Together, Result[Any], T]  # a plan whose questions are answered
 
 
-def current_dialect() -> Generator[_DialectQuestion, Dialect, Dialect]:
+def current_dialect() -> Generator[_Question, Dialect, Dialect]:
     """The dialect of the connection this plan runs on: `yield from current_dialect()`."""
     return (yield DIALECT_QUESTION)
 
 
-def answering(plan: Plan[T], dialect: Dialect) -> Steps[T]:
-    """The plan's SQL steps, its dialect questions answered with `dialect`."""
+def connection_option(name: str) -> Generator[_Question, Any, Any]:
+    """The execution option `name` of the connection this plan runs on (None if unset)."""
+    return (yield _Question(name))
+
+
+def together(
+    *steps: Step, last: bool = False
+) -> Generator[Together, tuple[Result[Any], ...], tuple[Result[Any], ...]]:
+    """Steps none of which needs another's answer, sent at once where the runner can:
+    `a, b = yield from together(Step(...), Step(...))`. `last`: nothing follows them."""
+    return (yield Together(steps, last))
+
+
+def round_trip(batch: Together, *, in_transaction: bool) -> tuple[bool, bool]:
+    """What a runner that holds a transaction for one plan sends with a batch: (BEGIN
+    before it, COMMIT after it). A lone statement that is the plan's first and last goes
+    with neither: one statement is atomic by itself (autocommit)."""
+    alone = batch.last and len(batch.steps) == 1 and not in_transaction
+    return (not in_transaction and not alone, batch.last and not alone)
+
+
+def answering(plan: Plan[T], dialect: Dialect, options: Mapping[str, Any] = NO_OPTIONS) -> Steps[T]:
+    """The plan's SQL steps, its questions answered with `dialect` and `options`."""
     answer: Result[Any]
     try:
         instruction = next(plan)
         while True:
-            if isinstance(instruction, _DialectQuestion):
-                answer = cast(Result[Any], dialect)  # see Plan: a question's answer is a Dialect
+            if isinstance(instruction, _Question):  # see Plan: a question's own answer
+                found = dialect if instruction.option is None else options.get(instruction.option)
+                answer = cast(Result[Any], found)
             else:
                 answer = yield instruction
             instruction = plan.send(answer)
@@ -86,21 +129,43 @@ def dialect_of_connection(conn: Connection | AsyncConnection) -> Dialect:
 
 def run(conn: Connection, plan: Plan[T]) -> T:
     """Run a plan on a sync connection, inside whatever transaction the caller holds."""
-    steps = answering(plan, dialect_of_connection(conn))
+    steps = answering(plan, dialect_of_connection(conn), conn.get_execution_options())
     try:
-        step = next(steps)
+        instruction = next(steps)
         while True:
-            step = steps.send(conn.execute(step.statement, step.params))
+            if isinstance(instruction, Together):  # one after the other
+                batch = tuple(conn.execute(s.statement, s.params) for s in instruction.steps)
+                instruction = steps.send(cast(Result[Any], batch))  # see Plan
+            else:
+                instruction = steps.send(conn.execute(instruction.statement, instruction.params))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
 
+def options_of(conn: AsyncConnection) -> Mapping[str, Any]:
+    """The execution options of an async connection (the engine's and its own)."""
+    return conn.sync_connection.get_execution_options() if conn.sync_connection else NO_OPTIONS
+
+
 async def run_async(conn: AsyncConnection, plan: Plan[T]) -> T:
     """Run a plan on an async connection, inside whatever transaction the caller holds."""
-    steps = answering(plan, dialect_of_connection(conn))
+    return await resume_async(conn, answering(plan, dialect_of_connection(conn), options_of(conn)))
+
+
+async def resume_async(
+    conn: AsyncConnection, steps: Steps[T], instruction: Step | Together | None = None
+) -> T:
+    """Answer a plan's steps from `conn`, from `instruction` on when the caller has taken
+    the first one already (AsyncDatabase.run_at_once looks at it before it begins)."""
     try:
-        step = next(steps)
+        if instruction is None:
+            instruction = next(steps)
         while True:
-            step = steps.send(await conn.execute(step.statement, step.params))
+            if isinstance(instruction, Together):  # one after the other
+                batch = [await conn.execute(s.statement, s.params) for s in instruction.steps]
+                instruction = steps.send(cast(Result[Any], tuple(batch)))  # see Plan
+            else:
+                result = await conn.execute(instruction.statement, instruction.params)
+                instruction = steps.send(result)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

@@ -37,9 +37,17 @@ from sqlalchemy.sql.schema import SchemaItem
 from mailbag.domain import content
 from mailbag.domain import hooks as hook_rules
 from mailbag.domain import message as limits
+from mailbag.domain.hooks.urls import URL_MAX
 from mailbag.domain.states import CLAIMABLE, TERMINAL, Status
 from mailbag.domain.verification import ACTIVE, UNFINISHED, VState
-from mailbag.store.types import UTCDateTime, bigint_pk, json_type, long_binary, long_json
+from mailbag.store.types import (
+    UTCDateTime,
+    bigint_pk,
+    json_type,
+    long_binary,
+    long_json,
+    long_text,
+)
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -438,6 +446,34 @@ def _provider_rates(md: MetaData) -> Table:
     )
 
 
+def _provider_health(md: MetaData) -> Table:
+    """Each configured provider's breaker, shared by the fleet (store/fleet_state.py): sure
+    failures in a row, and until when messages wait for it instead of being sent to it."""
+    return _table(
+        "provider_health",
+        md,
+        Column("name", String(100), primary_key=True),
+        Column("failures_in_row", Integer, nullable=False),
+        Column("open_until", UTCDateTime),
+        Column("last_error", String(limits.ERROR_MAX)),
+        Column("updated_at", UTCDateTime, nullable=False),
+    )
+
+
+def _pauses(md: MetaData) -> Table:
+    """What operators paused (`mailbag pause`): the whole fleet (target ''), a provider or a
+    tenant. Paused mail waits, no attempt spent, until it is resumed."""
+    return _table(
+        "pauses",
+        md,
+        Column("scope", String(STATUS_LENGTH), primary_key=True),
+        Column("target", String(200), primary_key=True),
+        Column("paused_at", UTCDateTime, nullable=False),
+        Column("paused_by", String(200), nullable=False),
+        Column("reason", String(500)),
+    )
+
+
 def _attachments(md: MetaData) -> Table:
     """Attachment bytes, once each whatever the number of messages that carry them: the
     key is their SHA-256. `purge` deletes the rows no message references any more."""
@@ -485,6 +521,27 @@ def _tenant_senders(md: MetaData) -> Table:
     )
 
 
+def _tenant_accounts(md: MetaData) -> Table:
+    """A tenant's own provider account, at most one (services/tenant_accounts.py): its kind
+    (a provider's name) and that kind's settings, sealed as a whole under a key derived
+    from SECRET_KEY, never in clear (they hold the account's credentials)."""
+    return _table(
+        "tenant_accounts",
+        md,
+        Column(
+            "tenant_id",
+            String(limits.TENANT_ID_MAX),
+            ForeignKey("tenants.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        Column("kind", String(100), nullable=False),
+        Column("sealed_settings", Text, nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("updated_at", UTCDateTime, nullable=False),
+        Column("updated_by", String(200), nullable=False),
+    )
+
+
 def _hook_endpoints(md: MetaData) -> Table:
     """Where a tenant's event hooks go (domain/hooks.py). `events` holds the subscribed
     names between commas (`,sent,bounced,`); `secret` is the signing secret sealed with
@@ -494,13 +551,17 @@ def _hook_endpoints(md: MetaData) -> Table:
         md,
         Column("id", Uuid, primary_key=True),
         Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
-        Column("url", String(hook_rules.URL_MAX), nullable=False),
+        Column("url", String(URL_MAX), nullable=False),
         Column("events", String(200), nullable=False),
         Column("enabled", Boolean, nullable=False),
         Column("description", String(hook_rules.DESCRIPTION_MAX)),
         Column("secret", String(500), nullable=False),
         Column("created_at", UTCDateTime, nullable=False),
         Column("updated_at", UTCDateTime, nullable=False),
+        # The breaker (store/hooks.py): failed attempts in a row, and until when the
+        # endpoint's deliveries wait.
+        Column("failures_in_row", Integer, nullable=False, server_default="0"),
+        Column("paused_until", UTCDateTime),
         Index(None, "tenant_id", "created_at"),
     )
 
@@ -519,7 +580,7 @@ def _hook_deliveries(md: MetaData, dialect: str | None) -> Table:
         Column("event", String(30), nullable=False),
         Column("message_id", Uuid, nullable=False),
         Column("webhook_id", String(40), nullable=False),  # same for every retry and replay
-        Column("payload", Text, nullable=False),  # the exact body of every attempt
+        Column("payload", long_text(), nullable=False),  # the exact body of every attempt
         Column("status", String(STATUS_LENGTH), nullable=False),
         Column("attempts", Integer, nullable=False),
         Column("max_attempts", Integer, nullable=False),
@@ -574,9 +635,12 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     _console_sessions(md)
     _deployment(md)
     _provider_rates(md)
+    _provider_health(md)
+    _pauses(md)
     _attachments(md)
     _message_attachments(md)
     _tenant_senders(md)
+    _tenant_accounts(md)
     _hook_endpoints(md)
     _hook_deliveries(md, dialect)
     _hook_delivery_events(md)
@@ -593,6 +657,8 @@ verification_events = metadata.tables["verification_events"]
 verification_sends = metadata.tables["verification_sends"]
 verification_send_counts = metadata.tables["verification_send_counts"]
 provider_rates = metadata.tables["provider_rates"]
+provider_health = metadata.tables["provider_health"]
+pauses = metadata.tables["pauses"]
 provider_events = metadata.tables["provider_events"]
 suppressions = metadata.tables["suppressions"]
 console_sessions = metadata.tables["console_sessions"]
@@ -600,6 +666,7 @@ deployment = metadata.tables["deployment"]
 attachments = metadata.tables["attachments"]
 message_attachments = metadata.tables["message_attachments"]
 tenant_senders = metadata.tables["tenant_senders"]
+tenant_accounts = metadata.tables["tenant_accounts"]
 hook_endpoints = metadata.tables["hook_endpoints"]
 hook_deliveries = metadata.tables["hook_deliveries"]
 hook_delivery_events = metadata.tables["hook_delivery_events"]

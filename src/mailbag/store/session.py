@@ -13,7 +13,11 @@ Rules:
 - sync and async differ by the `await` only: both run plans through store.plan, which
   answers every plan's dialect question from the connection;
 - a write a constraint refuses (in mailbag: a unique index, because another transaction
-  got there first) raises `Conflict`, SQLAlchemy's IntegrityError translated here once.
+  got there first) raises `Conflict`, SQLAlchemy's IntegrityError translated here once;
+- pipelining is the session's, not a service's: `AsyncDatabase.run_at_once(plan)` runs one
+  plan in a transaction of its own and sends what the plan yields together
+  (store.plan.together) in one round trip, BEGIN and COMMIT included, on psycopg
+  (store/pipeline.py); elsewhere it is an ordinary transaction.
 """
 
 from __future__ import annotations
@@ -26,8 +30,18 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from mailbag.database_url import Dialect, dialect_of
+from mailbag.store import pipeline
 from mailbag.store.database import READ_ONLY
-from mailbag.store.plan import Plan, dialect_of_connection, run, run_async
+from mailbag.store.plan import (
+    Plan,
+    Together,
+    answering,
+    dialect_of_connection,
+    options_of,
+    resume_async,
+    run,
+    run_async,
+)
 
 if TYPE_CHECKING:  # the asyncio extension brings in the ORM: only async callers load it
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -108,3 +122,23 @@ class AsyncDatabase(_Engine["AsyncEngine"]):
             if read_only:
                 conn = await conn.execution_options(**READ_ONLY)
             yield AsyncSession(conn)
+
+    async def run_at_once(self, plan: Plan[T]) -> T:
+        """Run `plan` in a transaction of its own, committed when it returns, sending at once
+        what it yields together (store.plan.together). On psycopg, a plan whose first SQL is
+        such a batch has every batch go in one round trip, the first with BEGIN before it
+        and its `last` with COMMIT after it (pipeline mode, store/pipeline.py), and a lone
+        statement that is the whole plan go alone, atomic by itself. Any other plan, and
+        every other driver: as in `transaction()`, the batch's steps one after the other."""
+        async with self.engine.connect() as conn:
+            steps = answering(plan, dialect_of_connection(conn), options_of(conn))
+            with _translated():
+                try:
+                    first = next(steps)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]  # no SQL at all
+                if isinstance(first, Together) and pipeline.takes(conn):
+                    conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                    return await pipeline.run(conn, steps, first)
+                async with conn.begin():
+                    return await resume_async(conn, steps, first)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, or_, select
 
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import tenants
@@ -46,6 +46,14 @@ def by_key_digest(key_digest: str) -> Plan[Tenant | None]:
 def by_name(name: str) -> Plan[Tenant | None]:
     row = (yield Step(select(tenants).where(tenants.c.name == name))).first()
     return _tenant(row) if row else None
+
+
+def named(tenant: str) -> Plan[list[Tenant]]:
+    """The tenants whose id or name is `tenant` (two unique indexes: at most two rows)."""
+    rows = (
+        yield Step(select(tenants).where(or_(tenants.c.id == tenant, tenants.c.name == tenant)))
+    ).all()
+    return [_tenant(row) for row in rows]
 
 
 def all_tenants() -> Plan[list[Tenant]]:

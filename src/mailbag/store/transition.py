@@ -45,7 +45,7 @@ from sqlalchemy import (
     update,
 )
 
-from mailbag.domain.machine import Machine
+from mailbag.domain.machine import Budget, Condition, Machine
 from mailbag.domain.message import ERROR_MAX, truncate_error
 from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.types import UTCDateTime
@@ -223,14 +223,17 @@ class Tracked(Generic[S, A]):
         choices = self.machine.choices(action)
         if not choices:
             return _quoted(self.machine.target(action))
-        whens = [
-            (
-                self.table.c[when.column] > 0 if when.positive else self.table.c[when.column] == 0,
-                _quoted(state),
-            )
-            for when, state in choices
-        ]
+        whens = [(self._holds_sql(when), _quoted(state)) for when, state in choices]
         return case(*whens[:-1], else_=whens[-1][1])
+
+    def _holds_sql(self, when: Condition) -> ColumnElement[bool]:
+        """A transition's condition in SQL, of the row before the move (the state is the
+        first column an UPDATE sets, so MariaDB's left-to-right SET sees the old values)."""
+        c = self.table.c
+        if isinstance(when, Budget):
+            last = c[when.count] + 1 >= c[when.budget]
+            return last if when.spent else c[when.count] + 1 < c[when.budget]
+        return c[when.column] > 0 if when.positive else c[when.column] == 0
 
 
 def _quoted(state: StrEnum) -> ColumnElement[Any]:

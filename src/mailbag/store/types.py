@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     Table,
+    Text,
 )
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.types import TypeDecorator, TypeEngine
@@ -71,6 +72,12 @@ def long_json() -> TypeEngine[Any]:
     """An optional JSON document that may be large (a ready-made HTML body): SQL NULL when
     unset, JSONB on PostgreSQL, LONGTEXT-backed JSON on MariaDB (its JSON is LONGTEXT)."""
     return json_type(none_as_null=True)
+
+
+def long_text() -> TypeEngine[str]:
+    """Text of up to 4 GiB: MariaDB's TEXT stops at 64 KiB (PostgreSQL's and SQLite's have
+    no such bound)."""
+    return Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
 def long_binary() -> TypeEngine[Any]:

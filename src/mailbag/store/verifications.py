@@ -8,11 +8,11 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     ColumnElement,
-    Integer,
+    Insert,
     Row,
     and_,
     bindparam,
@@ -22,8 +22,8 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.exc import DBAPIError
 
+from mailbag.database_url import Dialect
 from mailbag.domain.states import Status
 from mailbag.domain.verification import (
     ACTIVE,
@@ -33,16 +33,12 @@ from mailbag.domain.verification import (
     VAction,
     VState,
 )
-from mailbag.store.plan import Plan, Step
+from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import email_verifications as ev
 from mailbag.store.schema import tenants, verification_events, verification_sends
 from mailbag.store.schema import verification_send_counts as counts
 from mailbag.store.transition import EventSpec, Tracked, apply_transition, history_row, record
-
-if TYPE_CHECKING:  # message_transitions calls this module: no import cycle at run time
-    from sqlalchemy.ext.asyncio import AsyncConnection
-
-    from mailbag.store.message_transitions import Changed
+from mailbag.store.types import insert_into
 
 VERIFICATION_ROWS: Tracked[VState, VAction] = Tracked(
     table=ev,
@@ -117,11 +113,11 @@ def _verification(row: Row[Any]) -> Verification:
     return Verification(**values)
 
 
-def create(values: Mapping[str, Any], *, now: datetime, actor: str) -> Plan[Verification]:
-    """Insert a new verification in `created`; raises IntegrityError if one is active."""
-    row = {
+def created_row(values: Mapping[str, Any], *, now: datetime) -> dict[str, Any]:
+    """The row `create` inserts: `values` in the state the machine creates a row in."""
+    return {
         **values,
-        "state": VState.CREATED.value,
+        "state": VERIFICATIONS.target(VAction.CREATE).value,
         "created_at": now,
         "updated_at": now,
         "confirm_attempts": 0,
@@ -129,12 +125,30 @@ def create(values: Mapping[str, Any], *, now: datetime, actor: str) -> Plan[Veri
         "sent_at": None,
         "verified_at": None,
     }
+
+
+def moved(
+    row: Mapping[str, Any], action: VAction, values: Mapping[str, Any], *, now: datetime
+) -> dict[str, Any]:
+    """`row` as `transition(action, values=values)` leaves it (the machine's target)."""
+    if VState(row["state"]) not in VERIFICATIONS.sources(action):
+        raise ValueError(f"{action.value} does not move a verification that is {row['state']}")
+    return {**row, **values, "state": VERIFICATIONS.target(action).value, "updated_at": now}
+
+
+def verification_of(row: Mapping[str, Any]) -> Verification:
+    return Verification(**{**row, "state": VState(row["state"])})
+
+
+def create(values: Mapping[str, Any], *, now: datetime, actor: str) -> Plan[Verification]:
+    """Insert a new verification in `created`; raises IntegrityError if one is active."""
+    row = created_row(values, now=now)
     yield Step(insert(ev).values(row))
     yield from record(
         VERIFICATION_ROWS,
         [history_row(VERIFICATION_ROWS, row, None, at=now, actor=actor, event=EventSpec())],
     )
-    return Verification(**{**row, "state": VState.CREATED})
+    return verification_of(row)
 
 
 def transition(
@@ -177,8 +191,26 @@ def expire_stale(now: datetime, *, actor: str, limit: int) -> Plan[int]:
     return len(moved)
 
 
+class _Message(Protocol):
+    """What follow_messages reads of a changed message (a Message or a Settled row)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def metadata(self) -> Mapping[str, Any]: ...
+
+
+class _Changed(Protocol):
+    """A message transition's changed row (message_transitions.Changed)."""
+
+    @property
+    def message(self) -> _Message: ...
+
+
 def follow_messages(
-    changed: Sequence[Changed[Any]], *, now: datetime, actor: str
+    changed: Sequence[_Changed], *, now: datetime, actor: str
 ) -> Plan[list[Verification]]:
     """Carry outbox results over to the verifications whose current email they concern.
 
@@ -222,10 +254,13 @@ def get(verification_id: uuid.UUID, tenant_id: str) -> Plan[Verification | None]
     return _verification(row) if row else None
 
 
+def of_address(tenant_id: Any, email: Any) -> ColumnElement[bool]:
+    """A tenant's verifications of one address (values, or parameters: store/first_use.py)."""
+    return and_(ev.c.tenant_id == tenant_id, ev.c.email == email)
+
+
 def active_for(tenant_id: str, email: str) -> Plan[Verification | None]:
-    query = select(ev).where(
-        ev.c.tenant_id == tenant_id, ev.c.email == email, VERIFICATION_ROWS.in_states(ACTIVE)
-    )
+    query = select(ev).where(of_address(tenant_id, email), VERIFICATION_ROWS.in_states(ACTIVE))
     row = (yield Step(query)).first()
     return _verification(row) if row else None
 
@@ -246,22 +281,26 @@ def lock_sends(tenant_id: str) -> Plan[None]:
     limits (per address and per tenant) are counted and spent by one transaction at a time
     and a resend always rotates from the newest send. The lock is the tenant's row: FOR NO
     KEY UPDATE on PostgreSQL (it blocks no foreign-key check), FOR UPDATE on MariaDB/MySQL;
-    other reads of the row never wait. SQLite needs none: BEGIN IMMEDIATE already runs its
-    writers one at a time. The sends of one tenant queue behind each other, which the
-    tenant's own hourly limit keeps far below what one row lock can pass.
+    other reads of the row never wait. SQLite needs none, and runs nothing: BEGIN IMMEDIATE
+    already runs its writers one at a time. The sends of one tenant queue behind each
+    other, which the tenant's own hourly limit keeps far below what one row lock can pass.
     """
-    yield Step(
-        select(tenants.c.id).where(tenants.c.id == tenant_id).with_for_update(key_share=True)
-    )
+    dialect = yield from current_dialect()
+    for step in lock_steps(tenant_id, dialect):  # noqa: UP028 - a list cannot take a Result
+        yield step
 
 
-def lock_statement() -> Any:
-    """lock_sends's statement with its tenant as a parameter (for the pipelined request)."""
-    return (
-        select(tenants.c.id)
-        .where(tenants.c.id == bindparam("tenant_id"))
-        .with_for_update(key_share=True)
-    )
+_LOCK = (
+    select(tenants.c.id)
+    .where(tenants.c.id == bindparam("tenant_id", type_=tenants.c.id.type))
+    .with_for_update(key_share=True)
+)
+
+
+def lock_steps(tenant_id: str, dialect: Dialect) -> tuple[Step, ...]:
+    """lock_sends's statement, if the dialect needs one (built once: it may go in a batch
+    with what it protects, store/first_use.py)."""
+    return () if dialect == "sqlite" else (Step(_LOCK, {"tenant_id": tenant_id}),)
 
 
 def minute_of(at: datetime) -> datetime:
@@ -269,25 +308,49 @@ def minute_of(at: datetime) -> datetime:
     return at.replace(second=0, microsecond=0)
 
 
+def counting(dialect: Dialect) -> Insert:
+    """The INSERT of a tenant's minute that adds its `n` to the minute's count if the row
+    is there already (one statement: ON CONFLICT DO UPDATE / ON DUPLICATE KEY UPDATE)."""
+    statement = insert_into(dialect, counts)
+    if dialect == "mysql":
+        return statement.on_duplicate_key_update(n=counts.c.n + statement.inserted.n)  # type: ignore[no-any-return]
+    excluded = statement.excluded.n
+    return statement.on_conflict_do_update(  # type: ignore[no-any-return]
+        index_elements=[counts.c.tenant_id, counts.c.minute], set_={"n": counts.c.n + excluded}
+    )
+
+
+def send_rows(
+    *, tenant_id: str, email: str, verification_id: uuid.UUID, now: datetime
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What one send writes: its row (the per-address limit counts them) and one more in
+    its tenant's minute (the tenant's limit sums those)."""
+    send = {"tenant_id": tenant_id, "email": email, "verification_id": verification_id, "at": now}
+    return send, {"tenant_id": tenant_id, "minute": minute_of(now), "n": 1}
+
+
 def record_send(
     *, tenant_id: str, email: str, verification_id: uuid.UUID, now: datetime
 ) -> Plan[None]:
-    """The send's row (the per-address limit counts them) and one more in its tenant's
-    minute (the tenant's limit sums those). Runs under lock_sends, so the UPDATE-then-INSERT
-    cannot race another send of the tenant."""
-    yield Step(
-        insert(verification_sends).values(
-            tenant_id=tenant_id, email=email, verification_id=verification_id, at=now
-        )
+    """The send's row and one more in its tenant's minute (send_rows); runs under
+    lock_sends, as every send does."""
+    dialect = yield from current_dialect()
+    send, minute = send_rows(
+        tenant_id=tenant_id, email=email, verification_id=verification_id, now=now
     )
-    minute = minute_of(now)
-    counted = yield Step(
-        update(counts)
-        .where(counts.c.tenant_id == tenant_id, counts.c.minute == minute)
-        .values(n=counts.c.n + 1)
-    )
-    if counted.rowcount == 0:  # type: ignore[attr-defined]
-        yield Step(insert(counts).values(tenant_id=tenant_id, minute=minute, n=1))
+    yield Step(insert(verification_sends).values(send))
+    yield Step(counting(dialect).values(minute))
+
+
+def sent_to(tenant_id: Any, since: Any, email: Any) -> ColumnElement[bool]:
+    """The sends the per-address limit counts (values, or parameters)."""
+    s = verification_sends.c
+    return and_(s.tenant_id == tenant_id, s.at > since, s.email == email)
+
+
+def minutes_of(tenant_id: Any, since_minute: Any) -> ColumnElement[bool]:
+    """The per-minute counts the tenant's limit sums, from the minute holding the time."""
+    return and_(counts.c.tenant_id == tenant_id, counts.c.minute >= since_minute)
 
 
 def tenant_sends_since(tenant_id: str, since: datetime) -> Plan[tuple[int, datetime | None]]:
@@ -299,7 +362,7 @@ def tenant_sends_since(tenant_id: str, since: datetime) -> Plan[tuple[int, datet
     Retry-After is that plus an hour, less now)."""
     query = select(
         func.sum(counts.c.n).label("n"), func.min(counts.c.minute).label("oldest")
-    ).where(counts.c.tenant_id == tenant_id, counts.c.minute >= minute_of(since))
+    ).where(minutes_of(tenant_id, minute_of(since)))
     row = (yield Step(query)).one()
     oldest = row.oldest
     if isinstance(oldest, str):  # SQLite's min() over a datetime column comes back as text
@@ -311,241 +374,14 @@ def sends_since(
     tenant_id: str, since: datetime, email: str | None = None
 ) -> Plan[tuple[int, datetime | None]]:
     """How many verification emails went out since a time, and the oldest of them."""
-    query = select(
-        func.count().label("n"), func.min(verification_sends.c.at).label("oldest")
-    ).where(verification_sends.c.tenant_id == tenant_id, verification_sends.c.at > since)
-    if email is not None:
-        query = query.where(verification_sends.c.email == email)
+    s = verification_sends.c
+    query = select(func.count().label("n"), func.min(s.at).label("oldest"))
+    if email is None:
+        query = query.where(s.tenant_id == tenant_id, s.at > since)
+    else:
+        query = query.where(sent_to(tenant_id, since, email))
     row = (yield Step(query)).one()
     oldest = row.oldest
     if isinstance(oldest, str):  # SQLite's min() over a datetime column comes back as text
         oldest = datetime.fromisoformat(oldest).replace(tzinfo=since.tzinfo)
     return int(row.n), oldest
-
-
-# --- PostgreSQL: a verification request in one statement ------------------------------------
-#
-# The readable request (services.verification.Verifications.request) makes about seventeen
-# round trips, fifteen of them under the tenant's send lock, so the lock's hold time bounds a
-# tenant's rate. On PostgreSQL its common case (no unfinished verification for the address,
-# under both send limits, the address not suppressed, the Idempotency-Key new) is the lock
-# and then ONE statement: it re-reads what the readable path checks (each statement of a READ
-# COMMITTED transaction sees everything committed before it, so after the lock it sees every
-# send the lock's previous holder made) and, only if all of it holds, writes exactly the rows
-# the readable path writes: the idempotency record (answer included), the verification in
-# `send_pending` with the history of its two moves (created, then email 1 enqueued), its
-# email (store.enqueue.created_message_sql) and the send. Anything else writes nothing and
-# the caller rolls back and takes the readable path, which decides that case as before.
-# The address's send count is sends_since's (from its own index); the tenant's is
-# tenant_sends_since's sum of at most 61 per-minute rows, which the statement also adds
-# this send to (`counted`), as record_send does.
-
-_REQUEST_SQL = f"""
-WITH blocked AS (
-    SELECT 1 FROM suppressions WHERE tenant_id = :tenant AND email = :lower_email
-), present AS (
-    SELECT 1 FROM email_verifications
-    WHERE tenant_id = :tenant AND email = :email
-      AND state IN ({", ".join(f"'{s.value}'" for s in UNFINISHED)})
-), allowed AS (
-    SELECT 1
-    WHERE (SELECT count(*) FROM verification_sends
-           WHERE tenant_id = :tenant AND email = :email AND at > :since) < :per_email
-      AND (SELECT coalesce(sum(n), 0) FROM verification_send_counts
-           WHERE tenant_id = :tenant AND minute >= date_trunc('minute', :since)) < :per_tenant
-      AND NOT EXISTS (SELECT 1 FROM blocked) AND NOT EXISTS (SELECT 1 FROM present)
-), took AS (
-    INSERT INTO idempotency_records (tenant_id, idempotency_key, created_at, expires_at,
-        operation, fingerprint, resource_id, response_status, response_body)
-    SELECT :tenant, :request_key, :now, :record_expires_at,
-        :operation, :fingerprint, :resource_id, :response_status, :response_body
-    FROM allowed
-    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-    RETURNING id
-), verification AS (
-    INSERT INTO email_verifications (id, tenant_id, email, state, token_digest, expires_at,
-        confirm_attempts, send_count, message_id, template_name, redirect_url, created_at,
-        updated_at)
-    SELECT :verification_id, :tenant, :email, :state, :token_digest, :verification_expires_at,
-        0, 1, :id, :template_name, :redirect_url, :now, :now
-    FROM took
-    RETURNING id
-), moves AS (
-    INSERT INTO verification_events (verification_id, from_state, to_state, at, actor,
-        message_id, detail)
-    SELECT verification.id, m.from_state, m.to_state, :now, :verification_actor, m.message_id,
-        m.detail
-    FROM verification, (VALUES
-        (NULL, '{VState.CREATED.value}', NULL::uuid, NULL),
-        ('{VState.CREATED.value}', :state, :id, :move_detail)
-    ) AS m (from_state, to_state, message_id, detail)
-    RETURNING 1
-), sends AS (
-    INSERT INTO verification_sends (tenant_id, email, verification_id, at)
-    SELECT :tenant, :email, id, :now FROM verification
-    RETURNING 1
-), counted AS (
-    INSERT INTO verification_send_counts (tenant_id, minute, n)
-    SELECT :tenant, date_trunc('minute', :now), 1 FROM verification
-    ON CONFLICT (tenant_id, minute) DO UPDATE SET n = verification_send_counts.n + 1
-    RETURNING 1
-), {{message}}
-SELECT
-    (SELECT count(*) FROM verification) AS verification,
-    (SELECT count(*) FROM moves) AS moves,
-    (SELECT count(*) FROM sends) AS sends,
-    (SELECT count(*) FROM made) AS made,
-    (SELECT count(*) FROM made_history) AS made_history,
-    (SELECT count(*) FROM counted) AS counted,
-    (SELECT pg_notify('{{channel}}', '') FROM made) AS notified
-"""  # noqa: S608 (constant names and states only; every value is a bound parameter)
-
-
-def _request_statement() -> Any:
-    from sqlalchemy import text
-
-    from mailbag.store import enqueue
-    from mailbag.store.schema import idempotency_records as records
-
-    sql = _REQUEST_SQL.format(
-        message=enqueue.created_message_sql("verification"), channel=enqueue.NOTIFY_CHANNEL
-    )
-    # One space for each run of spaces (no literal in it has any): shorter than 4,096
-    # characters, psycopg caches its parsed form.
-    sql = " ".join(sql.split())
-    types = {
-        **enqueue.created_message_types(),
-        "verification_id": ev.c.id.type,
-        "email": ev.c.email.type,
-        "lower_email": ev.c.email.type,
-        "since": verification_sends.c.at.type,
-        "per_email": Integer(),
-        "per_tenant": Integer(),
-        "request_key": records.c.idempotency_key.type,
-        "record_expires_at": records.c.expires_at.type,
-        "operation": records.c.operation.type,
-        "fingerprint": records.c.fingerprint.type,
-        "resource_id": records.c.resource_id.type,
-        "response_status": records.c.response_status.type,
-        "response_body": records.c.response_body.type,
-        "state": ev.c.state.type,
-        "token_digest": ev.c.token_digest.type,
-        "verification_expires_at": ev.c.expires_at.type,
-        "redirect_url": ev.c.redirect_url.type,
-        "verification_actor": verification_events.c.actor.type,
-        "move_detail": verification_events.c.detail.type,
-    }
-    return text(sql).bindparams(*(bindparam(k, type_=t) for k, t in types.items()))
-
-
-async def _roll_back(conn: AsyncConnection, pg: Any) -> None:
-    """End the pipeline's failed transaction; a connection that cannot is never reused."""
-    import psycopg
-
-    try:
-        if not pg.closed:
-            await pg.execute("ROLLBACK")
-            return
-    except psycopg.Error:
-        pass
-    await conn.invalidate()
-
-
-def _all_written(answer: Any) -> bool:
-    verification, moves, sends, made, made_history, counted = answer[:6]
-    return bool(verification == sends == made == made_history == counted == 1 and moves == 2)
-
-
-_PIPELINED: dict[str, Any] = {}  # the statement compiled for psycopg, once per process
-
-
-async def request_in_one_round_trip(
-    conn: AsyncConnection,
-    verification: Mapping[str, Any],
-    message_row: dict[str, Any],
-    record: Mapping[str, Any],
-    *,
-    since: datetime,
-    per_email: int,
-    per_tenant: int,
-    now: datetime,
-    actor: str,
-    detail: str,
-) -> bool:
-    """A verification request's common case (see above) with its lock and transaction in
-    ONE round trip: BEGIN, the tenant's send lock (lock_sends), the statement and COMMIT go
-    to PostgreSQL together in a psycopg pipeline. The server takes the lock and then runs
-    the statement (a new snapshot: it sees the previous holder's sends) without waiting for
-    the client in between, so the lock is held for the server's work only, not across
-    round trips and the event loop's turns of every other request in flight. `conn` must
-    be in autocommit mode: the pipeline carries its own BEGIN and COMMIT. False: nothing
-    was written (an error rolls back)."""
-    from mailbag.store import enqueue
-
-    values = enqueue.created_message_values(message_row, now=now, actor=actor)
-    if values is None:
-        return False
-    values.update(
-        verification_id=verification["id"],
-        email=verification["email"],
-        lower_email=verification["email"].lower(),
-        since=since,
-        per_email=per_email,
-        per_tenant=per_tenant,
-        request_key=record["idempotency_key"],
-        record_expires_at=record["expires_at"],
-        operation=record["operation"],
-        fingerprint=record["fingerprint"],
-        resource_id=record["resource_id"],
-        response_status=record["response_status"],
-        response_body=record["response_body"],
-        state=verification["state"],
-        token_digest=verification["token_digest"],
-        verification_expires_at=verification["expires_at"],
-        redirect_url=verification["redirect_url"],
-        verification_actor=actor[:200],
-        move_detail=detail,
-    )
-    import psycopg  # here: only PostgreSQL runs this, and other installs may lack psycopg
-
-    if not _PIPELINED:
-        # psycopg is given the SQL SQLAlchemy compiles, and the values through the same
-        # bind processors (JSON serialization, UTC datetimes) an execute would apply.
-        compiled = _request_statement().compile(dialect=conn.dialect)
-        lock = lock_statement().compile(dialect=conn.dialect)
-        _PIPELINED.update(
-            sql=str(compiled),
-            processors=dict(compiled._bind_processors),
-            lock=str(lock),
-            lock_param=next(iter(lock.params)),
-        )
-    processors = _PIPELINED["processors"]
-    params = {k: processors[k](v) if k in processors else v for k, v in values.items()}
-    raw = await conn.get_raw_connection()
-    pg = raw.driver_connection
-    assert pg is not None and pg.autocommit
-    statement = pg.cursor()
-    try:
-        async with pg.pipeline():
-            await pg.execute("BEGIN")
-            await pg.execute(
-                _PIPELINED["lock"], {_PIPELINED["lock_param"]: verification["tenant_id"]}
-            )
-            await statement.execute(_PIPELINED["sql"], params)
-            await pg.execute("COMMIT")
-        answer = await statement.fetchone()
-    except psycopg.IntegrityError:
-        await _roll_back(conn, pg)  # the error skipped the pipeline's COMMIT
-        return False  # a unique index: another row was first; nothing was written
-    except psycopg.Error as exc:
-        await _roll_back(conn, pg)
-        # As SQLAlchemy would raise it (an OperationalError is the database being down).
-        raise DBAPIError.instance(
-            _PIPELINED["sql"], None, exc, psycopg.Error, connection_invalidated=pg.closed
-        ) from exc
-    except BaseException:
-        await conn.invalidate()  # cancelled mid-pipeline: its state is unknown, never reused
-        raise
-    finally:
-        await statement.close()
-    return answer is not None and _all_written(answer)

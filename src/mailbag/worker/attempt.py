@@ -19,17 +19,20 @@ the caller keeps its own books (tests pass a recorder and the in-memory provider
 - `chunks`: a retry under an ambiguous send's idempotency key goes alone (a batch call
   carries no per-email key, so the provider could not deduplicate it); the rest in chunks
   of the provider's batch size.
+- Failover (worker/fleet.py, domain/routing.py): a message its provider surely refused
+  (unreachable, an error about itself, disabled, throttled) goes at once, in the same
+  attempt, to the next available provider of its route; never after an ambiguous outcome.
+  Each decision names the provider whose answer it is.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, TypeVar
 
 from mailbag import metrics
 from mailbag.clock import Clock
@@ -47,10 +50,14 @@ from mailbag.domain.delivery import (
 )
 from mailbag.domain.message import Message
 from mailbag.domain.rate import Pace, SendSlot
-from mailbag.providers.base import Provider
+from mailbag.domain.routing import sure_refusal
+from mailbag.domain.states import Action
 from mailbag.providers.kit import describe
 from mailbag.templates import Catalog, TemplateError
 from mailbag.worker.config import WorkerConfig
+from mailbag.worker.fleet import Fleet, metric_label
+
+T = TypeVar("T")
 
 
 class Progress(Protocol):
@@ -65,6 +72,11 @@ class Progress(Protocol):
 NO_CONTENTS: Mapping[str, bytes] = {}
 
 
+def _batches(sends: list[T], size: int) -> list[list[T]]:
+    step = max(1, size)
+    return [sends[i : i + step] for i in range(0, len(sends), step)]
+
+
 def chunks(messages: Sequence[Message], max_batch_size: int) -> list[Sequence[Message]]:
     keyed: list[Sequence[Message]] = [[m] for m in messages if m.ambiguous_since is not None]
     rest = [m for m in messages if m.ambiguous_since is None]
@@ -74,13 +86,14 @@ def chunks(messages: Sequence[Message], max_batch_size: int) -> list[Sequence[Me
 
 @dataclass(frozen=True)
 class Sender:
-    provider: Provider
+    fleet: Fleet
     catalog: Catalog
     config: WorkerConfig
     clock: Clock
     rng: random.Random
     log: Any
     pace: Pace = field(default_factory=Pace)  # this worker's sends, under PROVIDER_RATE
+    _series: dict[str, Any] = field(default_factory=dict)
 
     async def attempt(
         self,
@@ -89,12 +102,44 @@ class Sender:
         contents: Mapping[str, bytes] = NO_CONTENTS,
         *,
         slot: SendSlot | None = None,
+        provider: str | None = None,
     ) -> None:
-        """Send `chunk`; `contents` holds its attachments' bytes by SHA-256; under
-        PROVIDER_RATE not before its `slot`, nor closer than the slot's rate to this
-        worker's other sends."""
-        now = self.clock()
-        config = self.config
+        """Send `chunk` through `provider` (a name of the fleet's; its only one by default);
+        `contents` holds its attachments' bytes by SHA-256; under PROVIDER_RATE not before
+        its `slot`, nor closer than the slot's rate to this worker's other sends."""
+        name = provider or next(iter(self.fleet.members))
+        messages, emails = self._composed(chunk, progress, contents)
+        if not messages:
+            return
+        if slot is not None:
+            if (wait := slot.at - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+            # Woken late with others: not in one burst (the turn is taken just before the
+            # send, with no await between the two).
+            # (A time to wait for, not an event: ASYNC110 does not apply.)
+            while (wait := self.pace.take(len(messages), slot.rate, time.monotonic())) > 0:  # noqa: ASYNC110
+                await asyncio.sleep(wait)
+        if not progress.start(messages):  # claimed but never started: no attempt spent
+            for message in messages:
+                self._decided(progress, message, Disabled("worker shutting down before the send"))
+            return
+        tried: dict[Any, list[str]] = {}  # by message id: the providers that refused it
+        # The chunk goes as it was cut for its provider; what fails over, in the next one's
+        # batch size.
+        queue = [(name, list(zip(messages, emails, strict=True)))]
+        while queue:
+            name, group = queue.pop(0)
+            moved = await self._send_through(name, group, tried, progress)
+            for nxt, sends in moved.items():
+                size = self.fleet.members[nxt].max_batch_size
+                queue += [(nxt, batch) for batch in _batches(sends, size)]
+
+    def _composed(
+        self, chunk: Sequence[Message], progress: Progress, contents: Mapping[str, bytes]
+    ) -> tuple[list[Message], list[OutgoingEmail]]:
+        """The chunk's emails; a message that lapsed, lacks an attachment's bytes or does not
+        render is decided here and left out."""
+        now, config = self.clock(), self.config
         messages: list[Message] = []
         emails: list[OutgoingEmail] = []
         for message in chunk:
@@ -121,41 +166,80 @@ class Sender:
             else:
                 messages.append(message)
                 emails.append(email)
-        if not messages:
-            return
-        if slot is not None:
-            if (wait := slot.at - time.monotonic()) > 0:
-                await asyncio.sleep(wait)
-            if (wait := self.pace.wait(len(messages), slot.rate, time.monotonic())) > 0:
-                await asyncio.sleep(wait)  # woken late with others: not in one burst
-        if not progress.start(messages):  # claimed but never started: no attempt spent
-            for message in messages:
-                self._decided(progress, message, Disabled("worker shutting down before the send"))
-            return
-        outcomes: Sequence[SendOutcome]
+        return messages, emails
+
+    async def _send_through(
+        self,
+        name: str,
+        sends: list[tuple[Message, OutgoingEmail]],
+        tried: dict[Any, list[str]],
+        progress: Progress,
+    ) -> dict[str, list[tuple[Message, OutgoingEmail]]]:
+        """Send `sends` through `name`; decide each, or hand it on: what goes to which next
+        provider (after a sure refusal, to its route's next available one)."""
+        provider = self.fleet.members[name]
+        emails = [email for _, email in sends]
         started = time.perf_counter()
         try:
             if len(emails) == 1:
-                outcomes = [await self.provider.send(emails[0])]
+                outcomes = [await provider.send(emails[0])]
             else:
-                outcomes = await self.provider.send_batch(emails)
-            self._provider_seconds.observe(time.perf_counter() - started)
+                outcomes = list(await provider.send_batch(emails))
+            self._seconds(name).observe(time.perf_counter() - started)
         except asyncio.CancelledError:
             # The grace period ran out mid-send: whether it left is unknown.
-            interrupted = Ambiguous("send interrupted by shutdown", keyed=len(messages) == 1)
-            for message in messages:
-                self._decided(progress, message, interrupted)
+            interrupted = Ambiguous("send interrupted by shutdown", keyed=len(emails) == 1)
+            for message, _ in sends:
+                self._decided(progress, message, interrupted, name)
             raise
         except Exception as exc:  # a provider bug: it may have sent, so never resend blindly
-            self.log.exception("provider_crashed", provider=self.provider.name)
+            self.log.exception("provider_crashed", provider=name)
             outcomes = [Ambiguous(f"provider raised {describe(exc)}", keyed=False)] * len(emails)
-        for message, outcome in zip(messages, outcomes, strict=True):
-            self._decided(progress, message, outcome)
+        moved: dict[str, list[tuple[Message, OutgoingEmail]]] = {}
+        for (message, email), outcome in zip(sends, outcomes, strict=True):
+            self.fleet.note(name, outcome)
+            nxt = None
+            if sure_refusal(outcome):
+                refused_by = tried.setdefault(message.id, [])
+                refused_by.append(name)
+                nxt = self.fleet.choose(message, self.clock(), refused_by)
+            if nxt is None:
+                self._decided(progress, message, outcome, name)
+                continue
+            self.log.warning(
+                "provider_failover",
+                message_id=str(message.id),
+                provider=name,
+                to=nxt,
+                error=getattr(outcome, "error", None) or getattr(outcome, "reason", None),
+            )
+            moved.setdefault(nxt, []).append((message, email))
+        return moved
 
-    @functools.cached_property
-    def _provider_seconds(self) -> Any:
-        """This provider's series, looked up once (`labels` costs a lock and a dict)."""
-        return metrics.PROVIDER_SECONDS.labels(self.provider.name)
+    def waiting(self, message: Message) -> Decision:
+        """A claimed message none of whose providers is available now: it waits for the
+        first of them, unsent and with no attempt spent (dead past QUEUE_LIFETIME; expired
+        past its expires_at)."""
+        now = self.clock()
+        lapsed = lapse(message.expires_at, now)
+        if lapsed is not None:
+            return lapsed
+        why = self.fleet.why_waiting(message, now)
+        if now - message.created_at >= self.config.queue_lifetime:
+            lifetime = self.config.queue_lifetime.total_seconds() / 3600
+            return Decision(
+                Action.BURY,
+                error=f"{why} (in the queue longer than QUEUE_LIFETIME, {lifetime:g} h)",
+            )
+        return Decision(
+            Action.RELEASE, error=why, next_attempt_at=self.fleet.wait_until(message, now)
+        )
+
+    def _seconds(self, name: str) -> Any:
+        """The provider's series, looked up once (`labels` costs a lock and a dict)."""
+        if name not in self._series:
+            self._series[name] = metrics.PROVIDER_SECONDS.labels(metric_label(name))
+        return self._series[name]
 
     @staticmethod
     def _missing(message: Message, contents: Mapping[str, bytes]) -> str | None:
@@ -163,22 +247,33 @@ class Sender:
         message refers to, so this is a bug: the message fails, it is never resent)."""
         return next((a.filename for a in message.attachments if a.sha256 not in contents), None)
 
-    def _decided(self, progress: Progress, message: Message, outcome: SendOutcome) -> None:
-        progress.decided(message, outcome, self.decide(message, outcome))
+    def _decided(
+        self, progress: Progress, message: Message, outcome: SendOutcome, name: str | None = None
+    ) -> None:
+        progress.decided(message, outcome, self.decide(message, outcome, name))
 
-    def decide(self, message: Message, outcome: SendOutcome) -> Decision:
-        if not isinstance(outcome, Accepted):
-            metrics.PROVIDER_ERRORS.labels(self.provider.name, type(outcome).__name__.lower()).inc()
-        return decide(
+    def decide(self, message: Message, outcome: SendOutcome, name: str | None = None) -> Decision:
+        """The domain's decision (domain.delivery.decide) for `outcome`, an answer of the
+        provider `name` (None: no provider was asked), which the decision then names."""
+        provider = self.fleet.members[name] if name is not None else None
+        if not isinstance(outcome, Accepted) and name is not None:
+            error_class = type(outcome).__name__.lower()
+            metrics.PROVIDER_ERRORS.labels(metric_label(name), error_class).inc()
+        decision = decide(
             outcome,
             Attempt(
                 message.attempt,
                 message.max_attempts,
                 message.claimed_at or self.clock(),
                 message.ambiguous_since,
+                created_at=message.created_at,
             ),
             now=self.clock(),
             policy=self.config.policy,
-            key_window=self.provider.idempotency_window,
+            key_window=provider.idempotency_window if provider is not None else None,
             rng=self.rng,
+            queue_lifetime=self.config.queue_lifetime,
         )
+        # (One provider: the finalize names it anyway, and a replace costs microseconds.)
+        alone = self.fleet.alone
+        return replace(decision, provider=name) if name is not None and not alone else decision

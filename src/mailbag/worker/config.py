@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from mailbag.domain.breaker import Breaker
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.verification import Tokens
 from mailbag.settings import Settings
@@ -30,6 +31,10 @@ class WorkerConfig:
     db_backoff: tuple[float, float] = (1.0, 30.0)
     db_timeout: float = DEFAULT_TIMEOUT  # seconds one database round may take
     disabled_backoff: tuple[float, float] = (5.0, 300.0)
+    # How long a message may wait for its providers before it is dead (QUEUE_LIFETIME).
+    queue_lifetime: timedelta = timedelta(days=5)
+    # When a provider that keeps failing is left alone (PROVIDER_BREAKER_*).
+    provider_breaker: Breaker = field(default_factory=Breaker)
     # Derives verification tokens at render time; without it a verification email fails.
     tokens: Tokens | None = None
 
@@ -47,6 +52,8 @@ class WorkerConfig:
             "from_name": settings.from_name,
             "message_id_domain": settings.message_id_host,
             "db_timeout": settings.database_timeout_seconds,
+            "queue_lifetime": settings.queue_lifetime,
+            "provider_breaker": settings.provider_breaker,
             # Raises MissingSecretKey: a worker without the key refuses to start.
             "tokens": settings.verification_tokens,
         }

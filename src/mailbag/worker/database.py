@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -52,6 +52,25 @@ class Claimed:
     contents: Mapping[str, bytes]  # the claimed messages' attachment bytes, by SHA-256
 
 
+class Gate(Protocol):
+    """What an operator's pauses let a claim take (worker/fleet.py's Fleet)."""
+
+    @property
+    def fleet_paused(self) -> bool: ...
+
+    def paused_tenants(self) -> frozenset[str]: ...
+
+
+class _Open:
+    fleet_paused = False
+
+    def paused_tenants(self) -> frozenset[str]:
+        return frozenset()
+
+
+OPEN: Gate = _Open()
+
+
 class WorkerDatabase:
     def __init__(
         self,
@@ -68,11 +87,16 @@ class WorkerDatabase:
         self.lease, self.timeout, self.clock = lease, timeout, clock
         self.unconfirmed: list[uuid.UUID] = []  # tokens of claims that failed, maybe committed
 
-    async def claim(self, limit: int) -> Claimed:
-        """Due messages under a new token; a claim that fails is kept as unconfirmed."""
+    async def claim(
+        self, limit: int, gate: Gate = OPEN, before: Plan[None] | None = None
+    ) -> Claimed:
+        """Due messages under a new token, as `gate` lets (none while the fleet is paused,
+        none of a paused tenant), after `before` in the same transaction (the fleet's
+        exchange of its state, which the gate then reads); a claim that fails is kept as
+        unconfirmed."""
         token = uuid.uuid4()
         try:
-            return await self._run(self._claim(token, limit, self.clock()))
+            return await self._run(self._claim(token, limit, self.clock(), gate, before))
         except BaseException:
             self.unconfirmed.append(token)
             raise
@@ -88,9 +112,20 @@ class WorkerDatabase:
         del self.unconfirmed[: len(tokens)]
         return len(changed)
 
-    def _claim(self, token: uuid.UUID, limit: int, now: datetime) -> Plan[Claimed]:
+    def _claim(
+        self, token: uuid.UUID, limit: int, now: datetime, gate: Gate, before: Plan[None] | None
+    ) -> Plan[Claimed]:
+        if before is not None:
+            yield from before
+        if gate.fleet_paused:
+            return Claimed(token, [], {})
         claim: Claim = yield from dispatch.claim(
-            worker_id=self.worker_id, now=now, lease=self.lease, limit=limit, token=token
+            worker_id=self.worker_id,
+            now=now,
+            lease=self.lease,
+            limit=limit,
+            token=token,
+            paused_tenants=gate.paused_tenants(),
         )
         sha256s = {ref.sha256 for message in claim.messages for ref in message.attachments}
         if not sha256s:  # the usual case: not one more statement
@@ -151,8 +186,15 @@ class WorkerDatabase:
     def can_listen(self) -> bool:
         return self.db.dialect == "postgresql"
 
-    async def listen(self, url: str, on_notify: Callable[[], None], log: Any) -> None:
-        """Call `on_notify` at every enqueue's NOTIFY, reconnecting as needed (PostgreSQL).
+    async def listen(
+        self,
+        url: str,
+        on_notify: Callable[[str | None], None],
+        log: Any,
+        on_working: Callable[[bool], None] = lambda working: None,
+    ) -> None:
+        """Call `on_notify` at every NOTIFY (an enqueue's, a change of the fleet's state),
+        reconnecting as needed (PostgreSQL; store/listen.py says what the two calls mean).
 
         `url` is LISTEN_URL (a direct session); each (re)connect is checked by a probe
         NOTIFY sent on this engine, the way enqueues send theirs (store/listen.py)."""
@@ -165,4 +207,6 @@ class WorkerDatabase:
 
             await within(self.timeout, send())
 
-        await listen(url, NOTIFY_CHANNEL, on_notify, log, self.timeout, probe=probe)
+        await listen(
+            url, NOTIFY_CHANNEL, on_notify, log, self.timeout, probe=probe, on_working=on_working
+        )

@@ -1,16 +1,27 @@
-"""The hook deliverer: a side job of `mailbag worker` that POSTs due event hooks.
+"""The hook deliverer: an optional part of `mailbag worker` that POSTs due event hooks.
 
-Each round (every POLL_INTERVAL): sweep deliveries whose lease ran out back to
-`retrying`, then claim due deliveries in batches under a lease and POST each, signed
-(Standard Webhooks, domain/hooks.py), concurrently, each bounded by HOOK_TIMEOUT_SECONDS
-from connect to answer; then record the batch in one transaction: a 2xx is delivered,
-anything else (another status, a redirect - never followed -, a connection error, the
-timeout) is retried with backoff and full jitter, dead once HOOK_MAX_ATTEMPTS are spent.
+Each round (`run_once`, every POLL_INTERVAL): sweep deliveries whose lease ran out, then
+claim due deliveries under a lease and POST each, signed (Standard Webhooks,
+domain/hooks.py), each bounded by HOOK_TIMEOUT_SECONDS from connect to answer. A delivery
+goes as soon as there is room for it, and its result is recorded as soon as it is known:
+the round reads the queue again whenever POSTs finish (or every POLL_INTERVAL while some
+are in flight), so a receiver that hangs holds only its own deliveries.
 
-No transaction is open during a POST. At least once: a worker that dies mid-batch leaves
-its deliveries `processing` until their lease runs out; the sweep then retries them, and a
-receiver may see one twice, with the same webhook-id (its dedup key). A stop (SIGTERM)
-cancels the POSTs in flight and hands their batch back at once (no attempt spent).
+Fairness between endpoints (store/hooks.py `Fairness`): at most
+HOOK_MAX_IN_FLIGHT_PER_ENDPOINT of one endpoint's deliveries in flight; after
+HOOK_BREAKER_FAILURES failed attempts in a row its breaker opens, its deliveries wait
+(spending no attempt), then one probe goes; a 2xx closes it.
+
+Outcomes: a 2xx is delivered; anything else (another status, a redirect - never followed -,
+a refused or timed-out connection, a destination the rules forbid, even a bug of ours) is
+retried with backoff and full jitter, dead once HOOK_MAX_ATTEMPTS are spent. Only a
+classified reason and the status code are kept (worker/hook_http.py), never the body.
+
+No transaction is open during a POST. At least once: a worker that dies mid-POST leaves
+its deliveries `processing` until their lease runs out; the sweep then counts the attempt
+and retries them (or buries them at the last one), and a receiver may see one twice, with
+the same webhook-id (its dedup key). A stop (SIGTERM) cancels the POSTs in flight and
+hands them back at once (no attempt spent).
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,26 +41,23 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag import log, metrics
 from mailbag.clock import Clock, utcnow
-from mailbag.domain.hooks import (
-    DAction,
-    SecretBox,
-    WrongHooksKey,
-    outcome,
-    parse_secret,
-    signed_headers,
-)
+from mailbag.domain.hooks import DAction, SecretBox, WrongHooksKey, parse_secret, signed_headers
+from mailbag.domain.hooks import urls as hook_urls
 from mailbag.domain.policy import RetryPolicy
 from mailbag.providers.kit import describe
+from mailbag.resolver import resolver_for
 from mailbag.settings import Settings
 from mailbag.store import hooks as store
 from mailbag.store.database import within
 from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase
+from mailbag.worker import hook_http
 from mailbag.worker.failures import DB_ERRORS
+from mailbag.worker.hook_http import Failure, Reason
 
 T = TypeVar("T")
 USER_AGENT = "mailbag-hooks"
-ERROR_BODY_BYTES = 200  # of a non-2xx answer's body, kept in last_error
+TASK = "hooks"  # this part's name in logs and in mailbag_side_task_failures_total
 
 
 @dataclass(frozen=True)
@@ -59,9 +68,11 @@ class HookConfig:
     policy: RetryPolicy = field(
         default_factory=lambda: RetryPolicy(max_attempts=8, base=timedelta(seconds=10))
     )
-    batch_size: int = 50  # deliveries claimed, and POSTed at once
+    batch_size: int = 50  # deliveries in flight at once, across endpoints
     every: float = 1.0
     db_timeout: float = 5.0
+    fairness: store.Fairness = field(default_factory=store.Fairness)
+    destinations: hook_urls.Policy = field(default_factory=hook_urls.Policy)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HookConfig:
@@ -69,13 +80,24 @@ class HookConfig:
         return cls(
             worker_id=settings.worker_id,
             timeout=timeout,
-            # The batch's POSTs end within the timeout: twice that leaves as much again for
-            # recording them before anyone may sweep the batch.
+            # A POST ends within the timeout: twice that leaves as much again for recording
+            # it before anyone may sweep it.
             lease=timedelta(seconds=max(settings.lease_seconds, 2 * timeout)),
             policy=settings.hook_retry_policy,
             every=settings.poll_interval,
             db_timeout=settings.database_timeout_seconds,
+            fairness=store.Fairness(
+                in_flight=settings.hook_max_in_flight_per_endpoint,
+                breaker=settings.hook_breaker,
+            ),
+            destinations=settings.hook_url_policy,
         )
+
+
+@dataclass
+class _InFlight:
+    token: uuid.UUID
+    claimed: store.ClaimedDelivery
 
 
 class HookDeliverer:
@@ -86,107 +108,171 @@ class HookDeliverer:
         config: HookConfig,
         *,
         client: httpx.AsyncClient | None = None,
+        guard: hook_http.Guard | None = None,
         clock: Clock = utcnow,
         rng: random.Random | None = None,
     ) -> None:
         self.db, self.box, self.config, self.clock = AsyncDatabase(engine), box, config, clock
         self.rng = rng or random.Random()
-        self.client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(config.timeout), follow_redirects=False
+        self.client = client or hook_http.client(
+            guard or hook_http.Guard(config.destinations),
+            timeout=config.timeout,
+            connections=config.batch_size,
         )
         self.log = log.get("mailbag.hooks", worker_id=config.worker_id)
+        self.releasing: set[asyncio.Future[None]] = set()
 
     async def aclose(self) -> None:
+        # A run cancelled with POSTs in flight hands them back in a task of its own (so the
+        # cancel cannot cut the release short): it finishes with the client and the
+        # database it uses, before either is closed.
+        await asyncio.gather(*self.releasing, return_exceptions=True)
         await self.client.aclose()
 
     async def run_once(self, now: datetime | None = None) -> Mapping[str, int]:
-        """Sweep, then deliver what is due, batch after batch while batches come full;
-        what happened, by outcome (only those that happened)."""
+        """Sweep, then deliver until nothing is due and nothing is in flight; what
+        happened, by outcome (only those that happened)."""
         counts: Counter[str] = Counter()
-        swept = await self._run(store.sweep(now=now or self.clock(), actor=self.config.worker_id))
-        if swept:
-            metrics.HOOK_LEASE_EXPIRATIONS.inc(len(swept))
-            counts["hooks_swept"] += len(swept)
-            for delivery in swept:
-                self.log.warning(
-                    "hook_lease_expired",
-                    delivery_id=str(delivery.id),
-                    webhook_id=delivery.webhook_id,
-                    attempt=delivery.attempts,
+        await self._sweep(now or self.clock(), counts)
+        swept_at = time.monotonic()
+        in_flight: dict[asyncio.Task[store.Attempted], _InFlight] = {}
+        try:
+            look = True
+            while True:
+                room = self.config.batch_size - len(in_flight)
+                if look and room > 0:
+                    claim = await self._run(
+                        store.claim(
+                            worker_id=self.config.worker_id,
+                            now=self.clock(),
+                            lease=self.config.lease,
+                            limit=room,
+                            fairness=self.config.fairness,
+                        )
+                    )
+                    for claimed in claim.deliveries:
+                        task = asyncio.create_task(self.attempt(claimed))
+                        in_flight[task] = _InFlight(claim.token, claimed)
+                    look = len(claim.deliveries) == room  # full: more may be due
+                if not in_flight:
+                    break
+                done, _ = await asyncio.wait(
+                    in_flight, timeout=self.config.every, return_when=asyncio.FIRST_COMPLETED
                 )
-        while True:
-            claim = await self._run(
-                store.claim(
-                    worker_id=self.config.worker_id,
-                    now=self.clock(),
-                    lease=self.config.lease,
-                    limit=self.config.batch_size,
-                )
-            )
-            if not claim.deliveries:
-                break
-            try:
-                results = await asyncio.gather(*(self.attempt(c) for c in claim.deliveries))
-            except asyncio.CancelledError:  # the worker stops: hand the batch back now
-                await asyncio.shield(self._release(claim))
-                raise
-            done = await self._run(
-                store.finalize(
-                    token=claim.token,
-                    results=results,
-                    now=self.clock(),
-                    actor=self.config.worker_id,
-                )
-            )
-            for delivery in done:
-                metrics.HOOK_DELIVERIES.labels(delivery.status.value).inc()
-                counts[f"hooks_{delivery.status.value}"] += 1
-            if len(claim.deliveries) < self.config.batch_size:
-                break
+                if done:
+                    await self._record({task: in_flight.pop(task) for task in done}, counts)
+                look = True  # slots freed, or a poll interval passed: read the queue again
+                if time.monotonic() - swept_at >= self.config.every:
+                    await self._sweep(self.clock(), counts)
+                    swept_at = time.monotonic()
+        finally:
+            if in_flight:  # stopped (or the database failed): hand the rest back now
+                release = asyncio.ensure_future(self._release(in_flight))
+                self.releasing.add(release)
+                release.add_done_callback(self.releasing.discard)
+                await asyncio.shield(release)
         return dict(counts)
 
-    async def _release(self, claim: store.HookClaim) -> None:
-        """Give a batch back unrecorded (no attempt spent), so the next worker need not
-        wait for its lease: a POST cut short may still have arrived (same webhook-id)."""
-        released = [store.Attempted(c.delivery.id, DAction.RELEASE) for c in claim.deliveries]
-        try:
-            await self._run(
-                store.finalize(
-                    token=claim.token,
-                    results=released,
-                    now=self.clock(),
-                    actor=self.config.worker_id,
+    async def _sweep(self, now: datetime, counts: Counter[str]) -> None:
+        swept = await self._run(store.sweep(now=now, actor=self.config.worker_id))
+        if not swept:
+            return
+        metrics.HOOK_LEASE_EXPIRATIONS.inc(len(swept))
+        counts["hooks_swept"] += len(swept)
+        for delivery in swept:
+            self.log.warning(
+                "hook_lease_expired",
+                delivery_id=str(delivery.id),
+                webhook_id=delivery.webhook_id,
+                attempt=delivery.attempts,
+                dead=delivery.status.value == "dead",
+            )
+
+    async def _record(
+        self, done: dict[asyncio.Task[store.Attempted], _InFlight], counts: Counter[str]
+    ) -> None:
+        """Record finished POSTs, one transaction for all of them (one settle per claim)."""
+        by_token: dict[uuid.UUID, list[store.Attempted]] = {}
+        for task, held in done.items():
+            by_token.setdefault(held.token, []).append(task.result())
+        settled = await self._run(self._settle_all(by_token))
+        for batch in settled:
+            for delivery in batch.deliveries:
+                metrics.HOOK_DELIVERIES.labels(delivery.status.value).inc()
+                counts[f"hooks_{delivery.status.value}"] += 1
+            for endpoint_id, until in batch.paused.items():
+                metrics.HOOK_ENDPOINT_PAUSES.inc()
+                self.log.warning(
+                    "hook_endpoint_paused", endpoint_id=str(endpoint_id), until=until.isoformat()
+                )
+
+    def _settle_all(
+        self, by_token: Mapping[uuid.UUID, list[store.Attempted]]
+    ) -> Plan[list[store.Settled]]:
+        settled = []
+        for token, results in by_token.items():
+            settled.append(
+                (
+                    yield from store.settle(
+                        token=token,
+                        results=results,
+                        now=self.clock(),
+                        actor=self.config.worker_id,
+                        breaker=self.config.fairness.breaker,
+                    )
                 )
             )
+        return settled
+
+    async def _release(self, in_flight: dict[asyncio.Task[store.Attempted], _InFlight]) -> None:
+        """Give deliveries back unrecorded (no attempt spent), so the next worker need not
+        wait for their lease: a POST cut short may still have arrived (same webhook-id)."""
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+        by_token: dict[uuid.UUID, list[store.Attempted]] = {}
+        for held in in_flight.values():
+            by_token.setdefault(held.token, []).append(
+                store.Attempted(held.claimed.delivery.id, DAction.RELEASE)
+            )
+        try:
+            await self._run(self._settle_all(by_token))
         except DB_ERRORS as exc:  # the lease runs out instead, and the sweep retries them
             self.log.warning("hook_release_failed", error=describe(exc))
 
     async def attempt(self, claimed: store.ClaimedDelivery) -> store.Attempted:
-        """POST one delivery; what became of it (no database here)."""
+        """POST one delivery; what became of it (no database here). Never raises but to be
+        cancelled: whatever goes wrong fails this delivery's attempt, not the deliverer."""
         delivery = claimed.delivery
-        status_code, error = await self._post(claimed)
+        try:
+            status_code, failure = await self._post(claimed)
+        except Exception as exc:  # a bug: this attempt fails, mail and other hooks go on
+            metrics.SIDE_TASK_FAILURES.labels(TASK).inc()
+            self.log.error("hook_attempt_crashed", delivery_id=str(delivery.id), exc_info=exc)
+            status_code, failure = None, hook_http.failure_of(exc)
         attempts_done = delivery.attempts + 1
-        if outcome(status_code):
+        if failure is None:
             action = DAction.DELIVER
         elif attempts_done >= delivery.max_attempts:
             action = DAction.BURY
         else:
             action = DAction.RETRY
-        if action is not DAction.DELIVER:
+        if failure is not None:
             self.log.info(
                 "hook_attempt_failed",
                 delivery_id=str(delivery.id),
                 webhook_id=delivery.webhook_id,
                 attempt=attempts_done,
                 status_code=status_code,
-                error=error,
+                reason=failure.reason.value,
+                error=failure.detail,
                 dead=action is DAction.BURY,
             )
         return store.Attempted(
             delivery.id,
             action,
             status_code=status_code,
-            error=error,
+            error=None if failure is None else str(failure),
             next_attempt_at=(
                 self.clock() + self.config.policy.delay(attempts_done, self.rng)
                 if action is DAction.RETRY
@@ -194,12 +280,16 @@ class HookDeliverer:
             ),
         )
 
-    async def _post(self, claimed: store.ClaimedDelivery) -> tuple[int | None, str | None]:
+    async def _post(self, claimed: store.ClaimedDelivery) -> tuple[int | None, Failure | None]:
         delivery = claimed.delivery
         try:
             secret = parse_secret(self.box.open(claimed.sealed_secret))
         except (WrongHooksKey, ValueError) as exc:
-            return None, str(exc)
+            return None, Failure(Reason.INTERNAL, str(exc))
+        try:  # the rule again: an endpoint stored before it (or under a looser one)
+            hook_urls.check(claimed.url, self.config.destinations)
+        except hook_urls.UnsafeUrl as exc:
+            return None, Failure(Reason.FORBIDDEN, f"the URL {exc}")
         body = delivery.payload.encode()
         headers = {
             **signed_headers(secret, delivery.webhook_id, int(time.time()), body),
@@ -209,44 +299,56 @@ class HookDeliverer:
         started = time.perf_counter()
         try:
             # The whole exchange, not each phase: a receiver answering one byte at a time
-            # must not hold the batch (and its lease) longer than the timeout.
+            # must not hold its slot (and the lease) longer than the timeout.
             async with asyncio.timeout(self.config.timeout):
                 async with self.client.stream(
                     "POST", claimed.url, content=body, headers=headers
                 ) as response:
-                    if outcome(response.status_code):
-                        return response.status_code, None
-                    return response.status_code, await _error_text(response)
+                    await _drain(response)
+                    return response.status_code, hook_http.answered(response.status_code)
         except TimeoutError:
-            return None, f"no answer within {self.config.timeout:g} s"
-        except httpx.HTTPError as exc:
-            return None, describe(exc)
+            return None, Failure(Reason.TIMEOUT, f"no answer within {self.config.timeout:g} s")
+        except (httpx.HTTPError, OSError, hook_http.DestinationRefused) as exc:
+            return None, hook_http.failure_of(exc)
         finally:
             metrics.HOOK_POST_SECONDS.observe(time.perf_counter() - started)
 
     async def _run(self, plan: Plan[T]) -> T:
-        return await within(self.config.db_timeout, self._transaction(plan))
+        """`plan` in a transaction, within DB_TIMEOUT. A cancel (the worker stopping) waits
+        for the transaction in flight to end (DB_TIMEOUT at most) instead of cutting it:
+        cut on aiosqlite, it held SQLite's write lock against the release that follows,
+        and its connection's close could wait on its thread past the event loop's end."""
+        work = asyncio.ensure_future(within(self.config.db_timeout, self._transaction(plan)))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            await asyncio.wait([work])
+            raise
 
     async def _transaction(self, plan: Plan[T]) -> T:
         async with self.db.transaction() as tx:
             return await tx.run(plan)
 
 
-async def _error_text(response: httpx.Response) -> str:
-    """`HTTP 503: <the first bytes of the body>`, never more of a body than that."""
-    head = b""
-    async for chunk in response.aiter_bytes():
-        head += chunk
-        if len(head) >= ERROR_BODY_BYTES:
-            break
-    text = " ".join(head[:ERROR_BODY_BYTES].decode("utf-8", "replace").split())
-    return f"HTTP {response.status_code}" + (f": {text}" if text else "")
+async def _drain(response: httpx.Response) -> None:
+    """Read a small answer to its end, so its connection can carry the next POST; a large
+    one is left unread (the connection closes). What it said is never kept."""
+    length = response.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > hook_http.DRAIN_BYTES:
+        return
+    read = 0
+    async for chunk in response.aiter_raw():
+        read += len(chunk)
+        if read > hook_http.DRAIN_BYTES:
+            return
 
 
 def deliverer(settings: Settings, engine: AsyncEngine) -> HookDeliverer | None:
     """The deliverer a worker runs, or None while HOOKS_KEY is unset (hooks off)."""
     if settings.hooks_key is None:
         return None
+    config = HookConfig.from_settings(settings)
+    guard = hook_http.Guard(config.destinations, resolver_for(settings.dns_nameservers))
     return HookDeliverer(
-        engine, SecretBox(settings.hooks_key.get_secret_value()), HookConfig.from_settings(settings)
+        engine, SecretBox(settings.hooks_key.get_secret_value()), config, guard=guard
     )

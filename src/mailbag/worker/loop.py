@@ -2,8 +2,10 @@
 
 Each claimed chunk is sent by its own task (`Sender.attempt`); the ledger counts what is
 held and the free slots; decisions go to the outcome writer, which writes them in batches;
-the lease keeper extends everything held. Those side tasks are supervised: one that dies
-stops the worker as SIGTERM would, and `run` raises WorkerFailed once drained.
+the lease keeper extends everything held. Those two are essential: one that dies stops the
+worker as SIGTERM would, and `run` raises WorkerFailed once drained. The listener and the
+periodic jobs (the scheduler, hook deliveries) are optional: one that fails is logged,
+counted and started again after a backoff, and mail goes on (supervisor.py).
 
 Under PROVIDER_RATE (`rate_limit`) each claim takes its send slots from the fleet's schedule
 in one statement (worker/rate.py); each chunk leaves at its last message's slot, a claim
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
 import uuid
@@ -34,8 +37,9 @@ from mailbag.providers.kit import describe
 from mailbag.templates import Catalog
 from mailbag.worker.attempt import NO_CONTENTS, Sender, chunks
 from mailbag.worker.config import PeriodicJob, WorkerConfig
-from mailbag.worker.database import WorkerDatabase, Written
+from mailbag.worker.database import Claimed, WorkerDatabase, Written
 from mailbag.worker.failures import DB_ERRORS, Backoff
+from mailbag.worker.fleet import Fleet
 from mailbag.worker.leases import LeaseKeeper
 from mailbag.worker.ledger import BACKLOG_FACTOR, Decided, Ledger
 from mailbag.worker.rate import FleetRate, Slots
@@ -54,7 +58,8 @@ class Worker:
         self,
         *,
         engine: AsyncEngine,
-        provider: Provider,
+        provider: Provider | None = None,
+        fleet: Fleet | None = None,
         catalog: Catalog,
         config: WorkerConfig,
         clock: Clock = utcnow,
@@ -63,22 +68,29 @@ class Worker:
         jobs: Sequence[PeriodicJob] = (),
         rate_limit: rate.RateLimit | None = None,
     ) -> None:
-        self.provider, self.config, self.clock = provider, config, clock
+        if fleet is None:
+            if provider is None:
+                raise TypeError("a worker needs a provider or a fleet of them")
+            fleet = Fleet.single(provider, breaker=config.provider_breaker)
+        self.fleet, self.config, self.clock = fleet, config, clock
+        # The first of the fleet: the one for a deployment with only PROVIDER set, and the
+        # name the fleet's shared rate (PROVIDER_RATE) and its defaults go by.
+        first, self.provider = next(iter(fleet.members.items()))
         self.listen_url, self.jobs = listen_url, list(jobs)
         self.log = log.get("mailbag.worker", worker_id=config.worker_id)
         self.database = WorkerDatabase(
             engine,
             worker_id=config.worker_id,
-            provider=provider.name,
+            provider=first,
             lease=config.lease,
             timeout=config.db_timeout,
             clock=clock,
         )
-        self.sender = Sender(provider, catalog, config, clock, rng or random.Random(), self.log)
+        self.sender = Sender(fleet, catalog, config, clock, rng or random.Random(), self.log)
         self.fleet_rate = (
             FleetRate(
                 engine,
-                provider=provider.name,
+                provider=first,
                 limit=rate_limit,
                 timeout=config.db_timeout,
                 log=self.log,
@@ -106,7 +118,7 @@ class Worker:
         self.disabled_backoff = Backoff(*config.disabled_backoff)
         self.throttle_backoff = Backoff(*THROTTLE_BACKOFF)
         self.last_sweep = 0.0
-        self.report = Report(self.log, provider.name)
+        self.report = Report(self.log, first)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Dispatch until `stop` is set, then drain and return. May be called again after.
@@ -116,7 +128,7 @@ class Worker:
         self.side_tasks = SideTasks(self.log)
         self.log.info(
             "worker_started",
-            provider=self.provider.name,
+            providers=sorted(self.fleet.members),
             concurrency=self.config.concurrency,
             batch_size=self.config.batch_size,
             provider_rate=self.fleet_rate.limit.per_second if self.fleet_rate else None,
@@ -158,16 +170,31 @@ class Worker:
         async with keeper as leases:
             side.watch(leases)
             side.watch(self.writer.start())
+            # Optional parts (supervisor.py): a failure restarts them; mail goes on.
             for job in self.jobs:
-                side.start(job.name, run_regularly(job, self.clock, self.log))
+                side.start_optional(
+                    job.name, functools.partial(run_regularly, job, self.clock, self.log)
+                )
             if self.listen_url is not None and self.database.can_listen():
-                side.start(
-                    "mailbag-listen", self.database.listen(self.listen_url, self.wake.set, self.log)
+                side.start_optional(
+                    "mailbag-listen",
+                    functools.partial(
+                        self.database.listen,
+                        self.listen_url,
+                        self._notified,
+                        self.log,
+                        self.fleet.listening,
+                    ),
                 )
             try:
                 yield
             finally:
                 await side.stop()
+
+    def _notified(self, payload: str | None) -> None:
+        """LISTEN heard an enqueue, a change of the fleet's state, or (None) reconnected."""
+        self.fleet.heard(payload)
+        self.wake.set()
 
     async def _tick(self) -> bool:
         """One round of sweep and claim. True when a full batch was claimed (more is due)."""
@@ -178,13 +205,17 @@ class Worker:
             free = self.ledger.free_slots()
             if free <= 0:
                 return False
+            if self.fleet.fleet_paused:  # an operator paused all sending: claim nothing
+                await self._sync_fleet(every=self.config.poll_interval)  # until resumed
+                if self.fleet.fleet_paused:
+                    return False
             limit = min(self.config.batch_size, free)
             if self.fleet_rate is not None:
                 limit = min(limit, rate.claim_limit(self.fleet_rate.in_force))
             if released := await self.database.release_unconfirmed():
                 self._released_unconfirmed(released)
             started = time.perf_counter()
-            claim = await self.database.claim(limit)
+            claim = await self._claim(limit)
             metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
             metrics.CLAIM_BATCH.observe(len(claim.messages))
             self.db_backoff.reset()
@@ -259,18 +290,32 @@ class Worker:
         contents: Mapping[str, bytes] = NO_CONTENTS,
         slots: Slots | None = None,
     ) -> None:
-        """Send `messages` in chunks, each no earlier than its last message's slot."""
+        """Send `messages` in chunks through their providers, each no earlier than its last
+        message's slot; a message none of whose providers is available waits (no attempt)."""
         self.ledger.claimed(token, messages)
-        size = self.provider.max_batch_size
-        if slots is not None:
-            size = min(size, rate.chunk_limit(slots.grant.rate))
+        now = self.clock()
+        by_provider: dict[str, list[Message]] = {}
+        if (sole := self.fleet.sole(now)) is not None:
+            by_provider[sole] = list(messages)
+        else:
+            for message in messages:
+                name = self.fleet.choose(message, now)
+                if name is None:
+                    self.decided(message, None, self.sender.waiting(message))
+                else:
+                    by_provider.setdefault(name, []).append(message)
         sent = 0
-        for chunk in chunks(messages, size):
-            sent += len(chunk)
-            slot = slots.slot(sent - 1) if slots is not None else None
-            task = asyncio.create_task(self.sender.attempt(chunk, self, contents, slot=slot))
-            self.send_tasks.add(task)
-            task.add_done_callback(self.send_tasks.discard)
+        for name, group in by_provider.items():
+            size = self.fleet.members[name].max_batch_size
+            if slots is not None:
+                size = min(size, rate.chunk_limit(slots.grant.rate))
+            for chunk in chunks(group, size):
+                sent += len(chunk)
+                slot = slots.slot(sent - 1) if slots is not None else None
+                work = self.sender.attempt(chunk, self, contents, slot=slot, provider=name)
+                task = asyncio.create_task(work)
+                self.send_tasks.add(task)
+                task.add_done_callback(self.send_tasks.discard)
 
     # --- what the send tasks report (attempt.Progress) -----------------------------------
 
@@ -281,7 +326,9 @@ class Worker:
         return True
 
     def decided(self, message: Message, outcome: SendOutcome | None, decision: Decision) -> None:
-        if isinstance(outcome, Disabled) and not self.stopping:
+        # One provider: its being disabled pauses this worker's claims (with several, its
+        # breaker keeps messages from it while the others send).
+        if isinstance(outcome, Disabled) and not self.stopping and self.fleet.alone:
             # One pause per burst, as for throttles: the other sends of a batch that found
             # the provider disabled were made before the pause, and must not each double it.
             if time.monotonic() >= self.paused_until:
@@ -318,6 +365,29 @@ class Worker:
 
     # --- shutdown ------------------------------------------------------------------------
 
+    async def _claim(self, limit: int) -> Claimed:
+        """A claim as the fleet's pauses let it, with the fleet's state exchanged in its
+        transaction when that is due (at most once a poll interval: breakers and pauses)."""
+        exchange = self.fleet.exchange(now=self.clock(), every=self.config.poll_interval)
+        try:
+            claim = await self.database.claim(limit, self.fleet, exchange)
+        except DB_ERRORS as exc:
+            if exchange is not None:
+                self.fleet.not_exchanged(exc, self.log)
+            raise
+        if exchange is not None:
+            self.fleet.exchanged(self.log)
+        return claim
+
+    async def _sync_fleet(self, *, every: float) -> None:
+        await self.fleet.sync(
+            self.database.db.engine,
+            now=self.clock(),
+            every=every,
+            db_timeout=self.config.db_timeout,
+            log=self.log,
+        )
+
     async def _drain(self) -> None:
         """Stop claiming; finish, finalize or release everything this worker holds.
 
@@ -338,6 +408,7 @@ class Worker:
             await self.fleet_rate.aclose()
         if not await self.writer.drain(max(self.config.shutdown_grace, 5.0)):
             self.log.error("shutdown_with_unwritten_outcomes", count=self.ledger.unwritten)
+        await self._sync_fleet(every=0.0)  # what its last sends taught it, for the others
         try:
             if released := await self.database.release_unconfirmed():
                 self._released_unconfirmed(released)

@@ -11,6 +11,7 @@ from typing import Any
 
 from mailbag import log, metrics
 from mailbag.worker.database import Finalized, Written
+from mailbag.worker.fleet import metric_label
 from mailbag.worker.ledger import Decided
 
 
@@ -58,13 +59,17 @@ class Report:
                 )
                 continue
             self.stats[decision.action.value] += 1
-        # One inc per (outcome, template) and batch, not one per message.
-        outcomes = Counter((c.message.status, c.message.template_name) for c in result.changed)
-        for (status, template_name), count in outcomes.items():
+        # One inc per (outcome, provider, template) and batch, not one per message; the
+        # provider is the one whose answer it was (one of a route's), else this worker's.
+        by_id = {item.message.id: metric_label(item.decision.provider or "") for item in items}
+        outcomes = Counter(
+            (c.message.status, by_id.get(c.message.id) or self.provider, c.message.template_name)
+            for c in result.changed
+        )
+        for (status, provider, template_name), count in outcomes.items():
             counter = metrics.OUTCOME_COUNTERS.get(status)
             if counter is not None:
-                template = metrics.template_label(template_name)
-                counter.labels(self.provider, template).inc(count)
+                counter.labels(provider, metrics.template_label(template_name)).inc(count)
         if not log.enabled(logging.INFO):
             return
         for changed in result.changed:

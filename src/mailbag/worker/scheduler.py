@@ -20,8 +20,9 @@ cancelled (each job is safe to run twice meanwhile; they run on one replica to s
 
 The scheduler is one of the worker's periodic jobs (`Scheduler.as_job`) that ticks often;
 each job it runs is a task of its own, so that a long purge never delays the ticks that
-keep the lock. A job's database error is logged and it runs again next time; any other
-error is a bug, and the next tick raises it, which stops the worker (supervisor.py).
+keep the lock. A job that fails (a database error, or a bug) fails that run: it is logged,
+counted in `mailbag_side_task_failures_total{task=<job>}`, and the job runs again when it
+is next due. Scheduled jobs are optional: none of them ever stops mail.
 `mailbag_scheduler_leader` is 1 on the replica that leads, 0 elsewhere.
 """
 
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import make_url
 
-from mailbag import log
+from mailbag import log, metrics
 from mailbag.clock import Clock, utcnow
 from mailbag.database_url import dialect_of
 from mailbag.metrics import SCHEDULER_LEADER
@@ -96,7 +97,6 @@ class Scheduler:
         self.leader = False
         self.next_try = 0.0  # when a follower tries to take the lock next (monotonic)
         self.confirmed = 0.0  # when the leader last found the lock its own
-        self.failure: BaseException | None = None  # a job's bug, raised by the next tick
         SCHEDULER_LEADER.set(0)
 
     @property
@@ -110,8 +110,6 @@ class Scheduler:
         return PeriodicJob("scheduler", self.tick_every, self.tick, self.close)
 
     async def tick(self, now: datetime) -> Mapping[str, int]:
-        if self.failure is not None:
-            raise self.failure
         at = self.monotonic()
         due = [slot for slot in self.slots if slot.task is None and slot.due <= at]
         if self.leader and (due or at - self.confirmed >= self.lease / 3):
@@ -176,13 +174,17 @@ class Scheduler:
         except DB_ERRORS as exc:
             self.log.warning("scheduled_job_failed", job=slot.job.name, error=_why(exc))
             return
+        except Exception as exc:  # a bug in one job: that run fails, the scheduler goes on
+            metrics.SIDE_TASK_FAILURES.labels(slot.job.name).inc()
+            self.log.error(
+                "scheduled_job_failed", job=slot.job.name, error=type(exc).__name__, exc_info=exc
+            )
+            return
         seconds = round(self.monotonic() - started, 3)
         self.log.info("scheduled_job_done", job=slot.job.name, seconds=seconds, **outcome)
 
     def _ended(self, slot: _Slot, task: asyncio.Task[None]) -> None:
         slot.task = None
-        if not task.cancelled() and task.exception() is not None and self.failure is None:
-            self.failure = task.exception()
 
     async def _cancel_jobs(self) -> None:
         tasks = [slot.task for slot in self.slots if slot.task is not None]

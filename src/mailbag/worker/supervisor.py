@@ -1,22 +1,36 @@
-"""The worker's side tasks (outcome writer, lease keeper, listener, periodic jobs): started
-in one place, and each runs as long as the worker does.
+"""The worker's side tasks: started in one place, and each runs as long as the worker does.
+They are of two kinds (DESIGN.md, "Mail keeps flowing"):
 
-A side task that ends, however it ended, halts the worker: it logs one line naming the
-task, sets `halted`, and `failure` holds the WorkerFailed that `Worker.run` raises once it
-has drained. Never a half-alive worker (a writer that died would leave the lease keeper
-renewing messages whose outcome is never written). `stop` ends them all on purpose.
+- essential (`watch`): what a send needs, the outcome writer and the lease keeper. One that
+  ends, however it ended, halts the worker: it logs one line naming the task, sets
+  `halted`, and `failure` holds the WorkerFailed that `Worker.run` raises once it has
+  drained. Never a half-alive worker (a writer that died would leave the lease keeper
+  renewing messages whose outcome is never written).
+- optional (`start_optional`): everything else (the listener, hook deliveries, the
+  scheduler and its jobs). One that raises is logged, counted in
+  `mailbag_side_task_failures_total{task}` and started again after a backoff (1 s,
+  doubling to a minute, reset once it has run a minute without failing); mail goes on.
+
+`stop` ends them all on purpose.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
+from mailbag import metrics
 from mailbag.clock import Clock
 from mailbag.providers.kit import describe
 from mailbag.worker.config import PeriodicJob
-from mailbag.worker.failures import DB_ERRORS, WorkerFailed
+from mailbag.worker.failures import DB_ERRORS, Backoff, WorkerFailed
+
+# How long an optional part waits before it starts again after a failure (doubling), and
+# how long it must run without one for the wait to start from the first step again.
+RESTART_BACKOFF = (1.0, 60.0)
+HEALTHY_AFTER = 60.0
 
 
 class SideTasks:
@@ -27,7 +41,36 @@ class SideTasks:
         self.failure: WorkerFailed | None = None
 
     def start(self, name: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """An essential task: if it ends, the worker stops."""
         return self.watch(asyncio.create_task(work, name=name))
+
+    def start_optional(
+        self, name: str, work: Callable[[], Coroutine[Any, Any, None]]
+    ) -> asyncio.Task[None]:
+        """An optional part, `work()` run again after a backoff whenever it fails (or ends)."""
+        return self.watch(asyncio.create_task(self._keep_running(name, work), name=name))
+
+    async def _keep_running(self, name: str, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        backoff = Backoff(*RESTART_BACKOFF)
+        while True:
+            started = time.monotonic()
+            try:
+                await work()
+                error: BaseException | None = None
+            except Exception as exc:  # anything: a bug in an optional part must not stop mail
+                error = exc
+            if time.monotonic() - started >= HEALTHY_AFTER:
+                backoff.reset()
+            delay = backoff.next()
+            metrics.SIDE_TASK_FAILURES.labels(name).inc()
+            self.log.error(
+                "side_task_failed",
+                task=name,
+                error=describe(error) if error else "returned",
+                restart_in=delay,
+                exc_info=error,
+            )
+            await asyncio.sleep(delay)
 
     def watch(self, task: asyncio.Task[None]) -> asyncio.Task[None]:
         task.add_done_callback(self._ended)
@@ -56,9 +99,9 @@ class SideTasks:
 
 
 async def run_regularly(job: PeriodicJob, clock: Clock, log: Any) -> None:
-    """A job the entry point hands in (reconciliation), every so often; its database errors
-    are logged and it runs again next time (anything else is a bug: the job's task dies,
-    and with it the worker)."""
+    """A job the entry point hands in (the scheduler, hook deliveries), every so often; its
+    database errors are logged and it runs again next time (anything else is a bug: it
+    ends this run, and the supervisor starts the job again after a backoff)."""
     while True:
         await asyncio.sleep(job.every)
         try:

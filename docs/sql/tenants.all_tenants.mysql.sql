@@ -1,6 +1,0 @@
--- tenants.all_tenants (mysql)
--- Written by `python -m mailbag.store.sqldocs` from the plan; do not edit.
-
--- step 1
-SELECT tenants.id, tenants.name, tenants.api_key_digest, tenants.api_key_prefix, tenants.created_at
-FROM tenants ORDER BY tenants.created_at;

@@ -1,8 +1,0 @@
--- verifications.lock_sends (mysql)
--- Hold the tenant's verification-send lock until the transaction ends.
--- Written by `python -m mailbag.store.sqldocs` from the plan; do not edit.
-
--- step 1
-SELECT tenants.id
-FROM tenants
-WHERE tenants.id = :id_1 FOR UPDATE;
