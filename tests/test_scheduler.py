@@ -300,9 +300,9 @@ def test_purge_after_days_zero_leaves_messages_alone(tmp_path):
     engine: Any = None  # the jobs only capture it
     on = maintenance_jobs(Settings(database_url=url, purge_after_days=30), engine)
     off = maintenance_jobs(Settings(database_url=url, purge_after_days=0), engine)
-    expiries = ["idempotency_records_expired", "verifications_expired"]
-    assert [job.name for job in on] == ["purged", *expiries]
-    assert [job.name for job in off] == expiries
+    others = ["sender_domains_checked", "idempotency_records_expired", "verifications_expired"]
+    assert [job.name for job in on] == ["purged", *others]
+    assert [job.name for job in off] == others
 
 
 # --- housekeeping ----------------------------------------------------------------------

@@ -1292,6 +1292,134 @@ DELETE FROM pauses WHERE pauses.scope = :scope AND pauses.target = :target;
 -- No statement on SQLite: it runs none here.
 
 
+-- === sender_domains ========================================================================
+
+-- name: sender_domains.add --
+-- Add a domain with its first key, signing; False (nothing written) if the tenant has the domain
+-- already.
+-- step 1 of 3
+SELECT sender_domains.domain
+FROM sender_domains
+WHERE sender_domains.tenant_id = :tenant_id AND sender_domains.domain = :domain;
+-- step 2 of 3
+INSERT INTO sender_domains (tenant_id, domain, created_at, created_by, ready)
+VALUES (:tenant_id, :domain, :created_at, :created_by, :ready);
+-- step 3 of 3
+INSERT INTO dkim_keys (tenant_id, domain, selector, algorithm, state, public_key,
+    sealed_private_key, created_at)
+VALUES (:tenant_id, :domain, :selector, :algorithm, :state, :public_key, :sealed_private_key,
+    :created_at);
+
+-- name: sender_domains.add_key --
+-- A rotation's first step: a `next` key beside the signing one.
+INSERT INTO dkim_keys (tenant_id, domain, selector, algorithm, state, public_key,
+    sealed_private_key, created_at)
+VALUES (:tenant_id, :domain, :selector, :algorithm, :state, :public_key, :sealed_private_key,
+    :created_at);
+
+-- name: sender_domains.promote --
+-- A rotation's last step: `selector` signs, the one that signed is retired.
+-- step 1 of 2
+UPDATE dkim_keys
+SET state=:state
+WHERE dkim_keys.tenant_id = :tenant_id AND dkim_keys.domain = :domain AND dkim_keys.state = :state_2
+    AND dkim_keys.selector != :selector;
+-- step 2 of 2
+UPDATE dkim_keys
+SET state=:state
+WHERE dkim_keys.tenant_id = :tenant_id AND dkim_keys.domain = :domain
+    AND dkim_keys.selector = :selector;
+
+-- name: sender_domains.remove --
+-- Remove a domain and its keys; False if the tenant has no such domain.
+-- step 1 of 2
+DELETE FROM dkim_keys WHERE dkim_keys.tenant_id = :tenant_id AND dkim_keys.domain = :domain;
+-- step 2 of 2
+DELETE
+FROM sender_domains
+WHERE sender_domains.tenant_id = :tenant_id AND sender_domains.domain = :domain;
+
+-- name: sender_domains.remove_key --
+-- Remove one key that does not sign; False if there is none by that selector.
+DELETE
+FROM dkim_keys
+WHERE dkim_keys.tenant_id = :tenant_id AND dkim_keys.domain = :domain
+    AND dkim_keys.selector = :selector AND dkim_keys.state != :state;
+
+-- name: sender_domains.one --
+-- A tenant's domain with its keys (sealed), or None.
+-- step 1 of 2
+SELECT sender_domains.tenant_id, sender_domains.domain, sender_domains.created_at,
+    sender_domains.created_by, sender_domains.ready, sender_domains.checked_at,
+    sender_domains.ready_since, sender_domains.report
+FROM sender_domains
+WHERE sender_domains.tenant_id = :tenant_id AND sender_domains.domain = :domain
+ORDER BY sender_domains.tenant_id, sender_domains.domain;
+-- step 2 of 2
+SELECT dkim_keys.tenant_id, dkim_keys.domain, dkim_keys.selector, dkim_keys.algorithm,
+    dkim_keys.state, dkim_keys.public_key, dkim_keys.sealed_private_key, dkim_keys.created_at
+FROM dkim_keys JOIN sender_domains ON dkim_keys.tenant_id = sender_domains.tenant_id
+    AND dkim_keys.domain = sender_domains.domain
+WHERE sender_domains.tenant_id = :tenant_id AND sender_domains.domain = :domain
+ORDER BY dkim_keys.selector;
+
+-- name: sender_domains.listing --
+-- Every domain (of one tenant, or all), by tenant and domain, with their keys.
+-- step 1 of 2
+SELECT sender_domains.tenant_id, sender_domains.domain, sender_domains.created_at,
+    sender_domains.created_by, sender_domains.ready, sender_domains.checked_at,
+    sender_domains.ready_since, sender_domains.report
+FROM sender_domains
+WHERE sender_domains.tenant_id = :tenant_id
+ORDER BY sender_domains.tenant_id, sender_domains.domain;
+-- step 2 of 2
+SELECT dkim_keys.tenant_id, dkim_keys.domain, dkim_keys.selector, dkim_keys.algorithm,
+    dkim_keys.state, dkim_keys.public_key, dkim_keys.sealed_private_key, dkim_keys.created_at
+FROM dkim_keys JOIN sender_domains ON dkim_keys.tenant_id = sender_domains.tenant_id
+    AND dkim_keys.domain = sender_domains.domain
+WHERE sender_domains.tenant_id = :tenant_id ORDER BY dkim_keys.selector;
+
+-- name: sender_domains.record_check --
+-- Keep what a check found; `ready_since` moves only when readiness changed.
+-- step 1 of 2
+SELECT sender_domains.ready
+FROM sender_domains
+WHERE sender_domains.tenant_id = :tenant_id AND sender_domains.domain = :domain;
+-- step 2 of 2
+UPDATE sender_domains
+SET ready=:ready, checked_at=:checked_at, report=:report
+WHERE sender_domains.tenant_id = :tenant_id AND sender_domains.domain = :domain;
+
+-- name: sender_domains.due --
+-- Domains last checked before `before` (or never), oldest first.
+SELECT sender_domains.tenant_id, sender_domains.domain
+FROM sender_domains
+WHERE sender_domains.checked_at IS NULL OR sender_domains.checked_at < :checked_at
+ORDER BY sender_domains.checked_at IS NOT NULL, sender_domains.checked_at
+LIMIT :limit OFFSET :offset;
+
+-- name: sender_domains.unready --
+-- The messages (by position) whose From (its own, else `default_from`) is on a domain that is not
+-- ready, neither their tenant's nor the deployment's (the default tenant's), each with its error.
+SELECT sender_domains.tenant_id, sender_domains.domain, sender_domains.ready
+FROM sender_domains
+WHERE sender_domains.tenant_id IN (:tenant_id_1, :tenant_id_2)
+    AND sender_domains.domain IN (:domain_1);
+
+-- name: sender_domains.not_ready_count --
+-- Domains whose last check found them not ready (the metric's).
+SELECT count(*) AS count_1
+FROM sender_domains
+WHERE sender_domains.ready IS 0;
+
+-- name: sender_domains.signing_keys --
+-- Every domain's signing key (sealed), by (tenant, domain): what a worker signs with.
+SELECT dkim_keys.tenant_id, dkim_keys.domain, dkim_keys.selector, dkim_keys.algorithm,
+    dkim_keys.state, dkim_keys.public_key, dkim_keys.sealed_private_key, dkim_keys.created_at
+FROM dkim_keys
+WHERE dkim_keys.state = :state;
+
+
 -- === hooks =================================================================================
 
 -- name: hooks.fan_out --

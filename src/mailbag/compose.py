@@ -22,8 +22,11 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import quote
 
+from mailbag.domain import dkim
 from mailbag.domain.content import Address, Attachment, Recipients, unresolved_cid
+from mailbag.domain.dkim import SigningKey
 from mailbag.domain.message import (
+    DEFAULT_TENANT,
     STRUCTURED_HEADERS,
     InvalidMessage,
     Message,
@@ -75,6 +78,7 @@ class OutgoingEmail:
     attachments: Sequence[Attachment] = ()  # inline ones (content_id set) are cid: images
     unsubscribe_url: str | None = None  # List-Unsubscribe + One-Click (RFC 8058)
     unsubscribe_mailto: str | None = None
+    dkim: SigningKey | None = None  # the From domain's key: `raw` is signed with it
 
     @property
     def to_email(self) -> str:
@@ -123,15 +127,19 @@ class OutgoingEmail:
 
     @cached_property
     def raw(self) -> bytes:
-        """The complete message as ASCII MIME with CRLF line endings. Raises NeedsSMTPUTF8
-        when an address cannot be written in ASCII (see `raw_utf8`)."""
-        return self._build(utf8=False)
+        """The complete message as ASCII MIME with CRLF line endings, DKIM-signed when the
+        From domain has a key (`dkim`). Raises NeedsSMTPUTF8 when an address cannot be
+        written in ASCII (see `raw_utf8`)."""
+        return self._signed(self._build(utf8=False))
 
     @cached_property
     def raw_utf8(self) -> bytes:
         """The message for an SMTPUTF8 transaction: addresses in UTF-8 (RFC 6532), the rest
         exactly as in `raw`."""
-        return self._build(utf8=True)
+        return self._signed(self._build(utf8=True))
+
+    def _signed(self, raw: bytes) -> bytes:
+        return dkim.sign(raw, self.dkim) if self.dkim is not None else raw
 
     @cached_property
     def mime(self) -> EmailMessage:
@@ -235,12 +243,14 @@ def compose(
     now: datetime,
     secrets: Callable[[Message], Mapping[str, Any]] | None = None,
     contents: Mapping[str, bytes] | None = None,
+    signing: Mapping[tuple[str, str], SigningKey] | None = None,
 ) -> OutgoingEmail:
     """Render and assemble one email. Raises TemplateError when the template cannot render.
 
     `secrets` gives the template fields that are never stored (a verification's token and
     link): they join the data only here, for this rendering. `contents` holds the bytes
-    of the message's attachments by SHA-256 (the store reads them with the claim)."""
+    of the message's attachments by SHA-256 (the store reads them with the claim).
+    `signing`: the sender domains' keys by (tenant, domain); the From's signs the MIME."""
     contents = contents or {}
     if message.template_name is None:  # ready-made: checked and completed at enqueue
         subject, html, text = message.subject or "", message.html or "", message.text or ""
@@ -271,6 +281,11 @@ def compose(
         ),
         unsubscribe_url=message.unsubscribe_url,
         unsubscribe_mailto=message.unsubscribe_mailto,
+        dkim=(
+            dkim.signing_key(signing, message.tenant_id, from_email, DEFAULT_TENANT)
+            if signing
+            else None
+        ),
     )
 
 

@@ -177,6 +177,12 @@ PAUSE_AGE = Gauge(
     ["scope"],
     multiprocess_mode="mostrecent",
 )
+SENDER_DOMAINS_NOT_READY = Gauge(
+    "mailbag_sender_domains_not_ready",
+    "Sender domains whose last DNS check found them not ready (read at scrape, cached); "
+    "`mailbag domains list` names them.",
+    multiprocess_mode="mostrecent",
+)
 OUTBOX_READ_AT = Gauge(
     "mailbag_outbox_gauges_read_timestamp_seconds",
     "When the outbox's gauges were last read from the database (Unix time): during a "

@@ -120,10 +120,61 @@ class DnsResolver:
         return [ip_address(record.address) for record in answer]
 
 
+class LookupFailed(OSError):
+    """A lookup with no answer either way (a timeout, SERVFAIL, a malformed reply): the
+    message says which name and which resolver."""
+
+
+class TxtResolver:
+    """TXT records of a name (`mailbag domains check`), asked of the servers
+    DNS_NAMESERVERS names, else of the system's (resolv.conf), with dnspython."""
+
+    def __init__(self, servers: Sequence[Nameserver] = (), *, timeout: float = 5.0) -> None:
+        import dns.asyncresolver
+        import dns.nameserver
+
+        if servers:
+            self.resolver = dns.asyncresolver.Resolver(configure=False)
+            self.resolver.nameservers = [
+                dns.nameserver.Do53Nameserver(str(s.address), s.port) for s in servers
+            ]
+        else:
+            self.resolver = dns.asyncresolver.Resolver()
+        self.resolver.lifetime = timeout
+        self.servers = ", ".join(_named(n) for n in self.resolver.nameservers) or "none"
+
+    async def txt(self, name: str) -> list[str]:
+        """Every TXT value at `name`, its strings joined (RFC 7208 3.3); [] when the name
+        does not exist or has none. LookupFailed otherwise."""
+        import dns.exception
+        import dns.resolver
+
+        try:
+            answer = await self.resolver.resolve(name, "TXT", search=False)
+        except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+            return []
+        except dns.exception.Timeout:
+            raise LookupFailed(f"TXT {name}: no answer from {self.servers} in time") from None
+        except dns.resolver.NoNameservers:
+            raise LookupFailed(
+                f"TXT {name}: no server answered it (SERVFAIL or REFUSED): {self.servers}"
+            ) from None
+        except dns.exception.DNSException as exc:  # SERVFAIL, a malformed reply, ...
+            reason = type(exc).__name__
+            raise LookupFailed(f"TXT {name}: {reason} from {self.servers}") from None
+        return [b"".join(record.strings).decode("utf-8", "replace") for record in answer]
+
+
 def resolver_for(dns_nameservers: str) -> Resolver:
     """DnsResolver for DNS_NAMESERVERS, else the system's."""
     servers = nameservers(dns_nameservers)
     return DnsResolver(servers) if servers else SystemResolver()
+
+
+def _named(server: object) -> str:
+    """A resolver as messages name it: `host:port`."""
+    address, port = getattr(server, "address", server), getattr(server, "port", DNS_PORT)
+    return f"[{address}]:{port}" if ":" in str(address) else f"{address}:{port}"
 
 
 def _unique(addresses: Iterable[IPAddress]) -> list[IPAddress]:

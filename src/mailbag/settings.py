@@ -313,9 +313,15 @@ class Settings(BaseSettings):
     # while it keeps failing, at most an hour); then one probe goes, and an answer closes it.
     provider_breaker_failures: int = Field(5, ge=1, le=1000)
     provider_breaker_seconds: float = Field(30.0, gt=0, le=3600)
-    # DNS servers for the lookups mailbag makes itself (hook receivers' names): a comma
-    # list of host[:port]; empty: the system's resolver.
+    # DNS servers for the lookups mailbag makes itself (hook receivers' names, sender
+    # domains' records): a comma list of host[:port]; empty: the system's resolver.
     dns_nameservers: str = ""
+    dns_timeout_seconds: float = Field(5.0, gt=0, le=60)  # one lookup, every try included
+    # Sender domains (`mailbag domains`): with REQUIRE_READY_DOMAINS, enqueue refuses a From
+    # on a domain whose last check did not find it ready; the elected scheduler re-checks
+    # each domain this often.
+    require_ready_domains: bool = False
+    domain_check_every_seconds: float = Field(3600.0, gt=0)
 
     @field_validator(*SECRET_SETTINGS, mode="before")
     @classmethod
@@ -482,6 +488,12 @@ class Settings(BaseSettings):
             multiplier=5.0,
             cap=max(base, timedelta(hours=6)),
         )
+
+    @property
+    def ready_from(self) -> str | None:
+        """With REQUIRE_READY_DOMAINS, the From a message without its own is checked under
+        (FROM_EMAIL); None: sender domains' readiness is not checked at enqueue."""
+        return self.from_email if self.require_ready_domains else None
 
     @cached_property
     def key(self) -> bytes:

@@ -52,6 +52,7 @@ from mailbag.store import (
     messages,
     operator,
     rate,
+    sender_domains,
     senders,
     stats,
     suppressions,
@@ -62,6 +63,7 @@ from mailbag.store import (
 from mailbag.store.message_transitions import Changed, message_facts, message_from_row
 from mailbag.store.plan import Plan, Step
 from mailbag.store.schema import outbox_messages
+from mailbag.store.sender_domains import NewKey
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "sql"
 COMMAND = "python -m mailbag.sqldocs"
@@ -213,6 +215,11 @@ _FIRST_USE_MESSAGE = new_message(
     tenant_id=TENANT,
     idempotency_key="k",
 )
+
+
+# A sender domain's key, sealed, as the service hands it to the store.
+_DKIM_KEY = NewKey("mb20261202", "rsa", "MIIBIjANBgkq", "gAAAAABsealed")
+_DKIM_ROW: dict[str, Any] = {"state": "signing", "algorithm": "rsa", "ready": True}
 
 
 def _record(operation: str) -> dict[str, Any]:
@@ -552,6 +559,48 @@ OPERATIONS: list[Operation | Statement] = [
     ),
     Operation(fleet_state.resume, {"scope": fleet_state.Scope.TENANT, "target": TENANT}),
     Operation(fleet_state.announce),
+    # Sender domains and their DKIM keys (services/sender_domains.py)
+    Operation(
+        sender_domains.add,
+        {
+            "tenant_id": TENANT,
+            "domain": "example.com",
+            "key": _DKIM_KEY,
+            "now": NOW,
+            "actor": "cli",
+        },
+        rows=(0,),
+    ),
+    Operation(
+        sender_domains.add_key,
+        {"tenant_id": TENANT, "domain": "example.com", "key": _DKIM_KEY, "now": NOW},
+    ),
+    Operation(
+        sender_domains.promote,
+        {"tenant_id": TENANT, "domain": "example.com", "selector": "mb20261202"},
+    ),
+    Operation(sender_domains.remove, {"tenant_id": TENANT, "domain": "example.com"}),
+    Operation(
+        sender_domains.remove_key,
+        {"tenant_id": TENANT, "domain": "example.com", "selector": "mb20261202"},
+    ),
+    Operation(
+        sender_domains.one, {"tenant_id": TENANT, "domain": "example.com"}, samples=_DKIM_ROW
+    ),
+    Operation(sender_domains.listing, {"tenant_id": TENANT}, samples=_DKIM_ROW),
+    Operation(
+        sender_domains.record_check,
+        {"tenant_id": TENANT, "domain": "example.com", "ready": True, "report": [], "now": NOW},
+        samples=_DKIM_ROW,
+    ),
+    Operation(sender_domains.due, {"before": NOW, "limit": 50}),
+    Operation(
+        sender_domains.unready,
+        {"messages": [_NEW_MESSAGE], "default_from": SENDER},
+        samples=_DKIM_ROW,
+    ),
+    Operation(sender_domains.not_ready_count, samples={"count_1": 0}),
+    Operation(sender_domains.signing_keys, samples=_DKIM_ROW),
     # Event hooks
     Operation(
         hooks.fan_out,
@@ -649,6 +698,8 @@ PARTS = {
     "transition.record": "transition.apply_transition, enqueue, verifications.create",
     "attachments.store": "enqueue.enqueue",
     "attachments.attached": "attachments.refs, when a message carries any (claim, get, page)",
+    "sender_domains.readiness": "sender_domains.unready",
+    "sender_domains.require_ready": "sender_domains.unready (it raises the first refusal)",
 }
 
 

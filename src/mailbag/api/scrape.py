@@ -26,7 +26,7 @@ from mailbag.api.problems import unauthorized
 from mailbag.keys import bearer_matches
 from mailbag.services.container import Services
 from mailbag.services.pauses import oldest_by_scope
-from mailbag.store import fleet_state, stats
+from mailbag.store import fleet_state, sender_domains, stats
 from mailbag.store.database import within
 from mailbag.store.session import AsyncDatabase
 
@@ -104,6 +104,7 @@ async def read_outbox_gauges(svc: Services) -> None:
     async with AsyncDatabase(svc.engine).connect(read_only=True) as tx:
         gauges = await tx.run(stats.outbox_gauges(now))
         fleet = await tx.run(fleet_state.read())  # two small tables
+        not_ready = await tx.run(sender_domains.not_ready_count())
     for state, count in gauges.counts.items():
         metrics.MESSAGES.labels(state).set(count)
     oldest_due = gauges.oldest_due
@@ -112,4 +113,5 @@ async def read_outbox_gauges(svc: Services) -> None:
     for scope, (count, oldest) in oldest_by_scope(fleet.pauses, now).items():
         metrics.PAUSES.labels(scope.value).set(count)
         metrics.PAUSE_AGE.labels(scope.value).set(oldest)
+    metrics.SENDER_DOMAINS_NOT_READY.set(not_ready)
     metrics.OUTBOX_READ_AT.set(now.timestamp())

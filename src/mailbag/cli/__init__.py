@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from mailbag.cli import (
     bulk,
+    domains,
     hooks,
     invocation,
     maintenance,
@@ -55,3 +56,4 @@ for command in COMMANDS:
 app.add_typer(outbox.suppressions, name="suppressions")
 app.add_typer(tenants.tenants, name="tenants")
 app.add_typer(hooks.hooks, name="hooks")
+app.add_typer(domains.domains, name="domains")

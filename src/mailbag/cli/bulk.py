@@ -142,7 +142,7 @@ def send_bulk(
     rows_given = len(sheet.body)
     with progress_bar() as progress:
         good, bad = check_rows(checker, sheet.body, progress)
-        good, refused = check_senders(engine, good)
+        good, refused = check_senders(engine, good, config.ready_from)
         bad = sorted(bad + refused)
         report_bad(bad)
         if rejects is not None and bad:
@@ -155,7 +155,9 @@ def send_bulk(
             )
             raise typer.Exit(2 if bad else 0)
         writing = progress.add_task("writing", total=len(good))
-        counts = write(engine, good, chunk_size, progress, writing, rules.max_attempts)
+        counts = write(
+            engine, good, chunk_size, progress, writing, rules.max_attempts, config.ready_from
+        )
     seconds = time.perf_counter() - started
     suppressed = f" ({counts['suppressed']} suppressed: not sent)" if counts["suppressed"] else ""
     typer.echo(
@@ -349,14 +351,17 @@ def addresses(cell: str) -> list[str]:
     return [a.strip() for a in cell.split(",") if a.strip()]
 
 
-def check_senders(engine: Engine, good: list[Row]) -> tuple[list[Row], list[Bad]]:
-    """The rows whose `from` is a sender identity of the tenant, and the others with why."""
+def check_senders(
+    engine: Engine, good: list[Row], ready_from: str | None
+) -> tuple[list[Row], list[Bad]]:
+    """The rows whose `from` is a sender identity of the tenant (on a ready sender domain,
+    with `ready_from`: Settings.ready_from), and the others with why."""
     from mailbag.services.batch import refused_senders
 
-    if not any(m.from_address for _, m, _ in good):
+    if not ready_from and not any(m.from_address for _, m, _ in good):
         return good, []
     with engine.connect() as conn:
-        refused = refused_senders(conn, [m for _, m, _ in good])
+        refused = refused_senders(conn, [m for _, m, _ in good], ready_from)
     kept = [row for i, row in enumerate(good) if i not in refused]
     return kept, [(good[i][0], str(exc), good[i][2]) for i, exc in refused.items()]
 
@@ -390,6 +395,7 @@ def write(
     progress: Progress,
     task: TaskID,
     max_attempts: int,
+    ready_from: str | None,
 ) -> dict[str, int]:
     """Write the messages, `chunk_size` per transaction; a stop half-way says how to go on."""
     from sqlalchemy.exc import SQLAlchemyError
@@ -404,7 +410,9 @@ def write(
         for start in range(0, len(good), chunk_size):
             chunk = [message for _, message, _ in good[start : start + chunk_size]]
             with engine.begin() as conn:
-                results = write_many(conn, chunk, max_attempts=max_attempts, actor=ACTOR)
+                results = write_many(
+                    conn, chunk, max_attempts=max_attempts, actor=ACTOR, ready_from=ready_from
+                )
             for result in results:
                 if not result.created:
                     counts["existing"] += 1

@@ -176,7 +176,7 @@ def enqueue(
         if key is not None:
             written = enqueue_once(message)
         else:
-            written = write_one(engine, message, config.max_attempts)
+            written = write_one(engine, message, config.max_attempts, config.ready_from)
     except InvalidMessage as exc:  # a `from` that is not the tenant's: nothing was written
         fail(f"invalid message: {exc}")
     typer.echo(written)
@@ -216,12 +216,16 @@ def expires_in_option(value: str | None) -> datetime | None:
     return None if value is None else utcnow() + parse_age(value)
 
 
-def write_one(engine: Engine, message: NewMessage, max_attempts: int) -> str:
+def write_one(
+    engine: Engine, message: NewMessage, max_attempts: int, ready_from: str | None
+) -> str:
     """A checked message without a key into the outbox; its id."""
     from mailbag.services.outbox import write_many
 
     with engine.begin() as conn:
-        (result,) = write_many(conn, [message], max_attempts=max_attempts, actor="cli")
+        (result,) = write_many(
+            conn, [message], max_attempts=max_attempts, actor="cli", ready_from=ready_from
+        )
     return str(result.message.id)
 
 

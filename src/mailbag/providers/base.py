@@ -57,6 +57,13 @@ class Capabilities:
     # Settings (without MAILBAG_<KIND>_) it cannot send without: a `[providers.NAME]` table
     # missing one stops the worker at start (with only PROVIDER set, sends are Disabled).
     required_settings: tuple[str, ...] = ()
+    # The SPF mechanism a sender domain's record needs for the mail it sends (`mailbag
+    # domains`), None when mailbag cannot know it (an SMTP relay's is its operator's).
+    spf: str | None = None
+    # Whether it sends mailbag's MIME as it is (`OutgoingEmail.raw`), so that a sender
+    # domain's DKIM signature goes out with it; the others build their own MIME and sign
+    # with the domain set up at the provider.
+    sends_raw_mime: bool = False
 
 
 @runtime_checkable

@@ -352,6 +352,7 @@ class BrevoProvider(http_api.ApiProvider):
         max_name_length=70,  # "Maximum allowed characters are 70" (to, cc, bcc, replyTo names)
         attachment_extensions=ATTACHMENT_EXTENSIONS,
         required_settings=("api_key",),
+        spf="include:spf.brevo.com",
     )
 
     default_base_url = "https://api.brevo.com"

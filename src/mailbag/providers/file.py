@@ -33,7 +33,9 @@ class FileProvider(SendOneByOne):
     name = "file"
     max_batch_size = 1
     idempotency_window: timedelta | None = None
-    capabilities = Capabilities(utf8_local_part=True)  # an .eml file holds RFC 6532 headers
+    capabilities = Capabilities(  # an .eml file holds RFC 6532 headers
+        utf8_local_part=True, sends_raw_mime=True
+    )
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder

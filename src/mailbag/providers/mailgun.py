@@ -116,7 +116,12 @@ class MailgunProvider(http_api.ApiProvider, SendOneByOne):
     max_batch_size = 1  # batch sending is one message to many (see the module doc)
     idempotency_window: timedelta | None = None  # no idempotency key: ambiguous means unknown
     # Refused at enqueue (services.intake): Mailgun documents no SMTPUTF8 for its API.
-    capabilities = Capabilities(utf8_local_part=False, required_settings=("api_key", "domain"))
+    capabilities = Capabilities(
+        utf8_local_part=False,
+        required_settings=("api_key", "domain"),
+        spf="include:mailgun.org",
+        sends_raw_mime=True,  # messages.mime
+    )
 
     def __init__(self, *, domain: str | None, **connection: Any) -> None:
         super().__init__(**connection)

@@ -152,7 +152,9 @@ class CaptureProvider(SendOneByOne):
     name = "capture"
     max_batch_size = 1
     idempotency_window: timedelta | None = None
-    capabilities = Capabilities(utf8_local_part=True)  # it keeps RFC 6532 MIME as ASCII
+    capabilities = Capabilities(  # it keeps RFC 6532 MIME as ASCII
+        utf8_local_part=True, sends_raw_mime=True
+    )
 
     def __init__(self, respond: Respond | None = None) -> None:
         self.respond = respond

@@ -190,7 +190,9 @@ class PostmarkProvider(http_api.ApiProvider):
     idempotency_window: timedelta | None = None  # Postmark has no idempotency key
     # Refused at enqueue (services.intake), not only at send time.
     # Addresses go as ASCII strings.
-    capabilities = Capabilities(utf8_local_part=False, required_settings=("api_key",))
+    capabilities = Capabilities(
+        utf8_local_part=False, required_settings=("api_key",), spf="include:spf.mtasv.net"
+    )
 
     default_base_url = "https://api.postmarkapp.com"
 

@@ -183,7 +183,9 @@ class ResendProvider(http_api.ApiProvider):
     idempotency_window: timedelta | None = IDEMPOTENCY_WINDOW
     # Refused at enqueue (services.intake), not only at send time.
     # Addresses go as ASCII strings.
-    capabilities = Capabilities(utf8_local_part=False, required_settings=("api_key",))
+    capabilities = Capabilities(
+        utf8_local_part=False, required_settings=("api_key",), spf="include:amazonses.com"
+    )
 
     default_base_url = "https://api.resend.com"
 

@@ -191,7 +191,9 @@ class SendGridProvider(http_api.ApiProvider, SendOneByOne):
     idempotency_window: timedelta | None = None  # no idempotency key: ambiguous means unknown
     # Refused at enqueue (services.intake), not only at send time.
     # Its schema's `format: email` is ASCII only.
-    capabilities = Capabilities(utf8_local_part=False, required_settings=("api_key",))
+    capabilities = Capabilities(
+        utf8_local_part=False, required_settings=("api_key",), spf="include:sendgrid.net"
+    )
 
     async def send(self, email: OutgoingEmail) -> delivery.SendOutcome:
         if self._api_key is None:

@@ -165,7 +165,9 @@ def _error_message(error: ClientError) -> str:
 class SESProvider(SendOneByOne):
     name = "ses"
     max_batch_size = 1  # SES has no call that sends several distinct raw messages
-    capabilities = Capabilities(utf8_local_part=False)  # SES documents no SMTPUTF8 support
+    capabilities = Capabilities(  # SES documents no SMTPUTF8 support
+        utf8_local_part=False, spf="include:amazonses.com", sends_raw_mime=True
+    )
     idempotency_window: timedelta | None = None  # no idempotency key: ambiguous means unknown
 
     def __init__(

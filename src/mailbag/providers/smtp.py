@@ -295,7 +295,9 @@ class Connection:
 class SMTPProvider(SendOneByOne):
     name = "smtp"
     max_batch_size = 1
-    capabilities = Capabilities(utf8_local_part=True)  # with SMTPUTF8, when the server has it
+    capabilities = Capabilities(  # with SMTPUTF8, when the server has it
+        utf8_local_part=True, sends_raw_mime=True
+    )
     idempotency_window: timedelta | None = None  # SMTP has no idempotency key
 
     def __init__(

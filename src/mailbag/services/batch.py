@@ -24,6 +24,7 @@ from mailbag.services import outbox as outbox_service
 from mailbag.services.idempotency import Response, execute, fingerprint
 from mailbag.services.messages import message_fingerprint, public
 from mailbag.settings import Settings
+from mailbag.store import sender_domains
 from mailbag.store import senders as sender_store
 from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase, AsyncSession, Session
@@ -37,14 +38,18 @@ OPERATION = "POST /v1/messages/batch"
 MAX_ITEMS = 1000
 
 
-def foreign_senders(messages: Sequence[NewMessage]) -> Plan[dict[int, InvalidMessage]]:
+def foreign_senders(
+    messages: Sequence[NewMessage], ready_from: str | None = None
+) -> Plan[dict[int, InvalidMessage]]:
     """The messages (by position) whose explicit `from` is not a sender identity of their
-    tenant, each with the error enqueue would raise for it. One query for all of them."""
+    tenant, or (with `ready_from`, Settings.ready_from) whose From is on a sender domain
+    that is not ready, each with the error enqueue would raise for it."""
+    refused = (yield from sender_domains.unready(messages, ready_from)) if ready_from else {}
     wanted = {(m.tenant_id, m.from_address.lower()) for m in messages if m.from_address}
     if not wanted:
-        return {}
+        return refused
     identities = yield from sender_store.owned(wanted)
-    return {
+    return refused | {
         index: InvalidMessage(
             {
                 "from": f"{m.from_address} is not a sender identity of tenant {m.tenant_id}; "
@@ -56,9 +61,11 @@ def foreign_senders(messages: Sequence[NewMessage]) -> Plan[dict[int, InvalidMes
     }
 
 
-def refused_senders(conn: Connection, messages: Sequence[NewMessage]) -> dict[int, InvalidMessage]:
+def refused_senders(
+    conn: Connection, messages: Sequence[NewMessage], ready_from: str | None = None
+) -> dict[int, InvalidMessage]:
     """foreign_senders, on a sync connection (send-bulk checks every row before writing)."""
-    return Session(conn).run(foreign_senders(messages))
+    return Session(conn).run(foreign_senders(messages, ready_from))
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,8 @@ class Batches:
 
         async def work(tx: AsyncSession) -> Response:
             wanted = [(i, item.message) for i, item in enumerate(items) if item.message]
-            refused = await tx.run(foreign_senders([m for _, m in wanted]))
+            ready_from = self.settings.ready_from
+            refused = await tx.run(foreign_senders([m for _, m in wanted], ready_from))
             results: list[dict[str, Any]] = [
                 {"index": i, "result": "invalid", "error": item.problem}
                 for i, item in enumerate(items)
@@ -113,6 +121,7 @@ class Batches:
                 max_attempts=self.settings.max_attempts,
                 actor=ACTOR,
                 now=now,
+                ready_from=ready_from,
             )
             for (i, _), done in zip(writable, enqueued, strict=True):
                 results[i] = {

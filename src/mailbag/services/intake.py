@@ -130,6 +130,7 @@ class Rules:
     # may go to; a message is accepted if one provider of its route can carry it.
     carriers: tuple[Carrier, ...] = ()
     routing: Routing | None = None
+    ready_from: str | None = None  # Settings.ready_from: sender domains must be ready
 
     @classmethod
     def of(cls, settings: Settings, *, catalog: Catalog | None = None) -> Rules:
@@ -147,6 +148,7 @@ class Rules:
             max_attempts=settings.max_attempts,
             carriers=carriers,
             routing=settings.routing if carriers else None,
+            ready_from=settings.ready_from,
         )
 
     def message(self, *, secrets: Mapping[str, Any] | None = None, **fields: Any) -> NewMessage:
@@ -245,7 +247,8 @@ def enqueue(
     `max_attempts` defaults to the settings' MAX_ATTEMPTS."""
     rules = rules_for(settings)
     message = rules.message(to=to, **fields)
-    return write_many(conn, [message], max_attempts=max_attempts or rules.max_attempts)[0]
+    attempts = max_attempts or rules.max_attempts
+    return write_many(conn, [message], max_attempts=attempts, ready_from=rules.ready_from)[0]
 
 
 async def enqueue_async(
@@ -260,7 +263,10 @@ async def enqueue_async(
     rules = rules_for(settings)
     message = rules.message(to=to, **fields)
     written = await write_many_async(
-        conn, [message], max_attempts=max_attempts or rules.max_attempts
+        conn,
+        [message],
+        max_attempts=max_attempts or rules.max_attempts,
+        ready_from=rules.ready_from,
     )
     return written[0]
 
@@ -277,7 +283,8 @@ def enqueue_many(
     before anything is written."""
     rules = rules_for(settings)
     checked = [rules.check(message) for message in messages]
-    return write_many(conn, checked, max_attempts=max_attempts or rules.max_attempts)
+    attempts = max_attempts or rules.max_attempts
+    return write_many(conn, checked, max_attempts=attempts, ready_from=rules.ready_from)
 
 
 async def enqueue_many_async(
@@ -290,4 +297,5 @@ async def enqueue_many_async(
     """`enqueue_many` on an AsyncConnection."""
     rules = rules_for(settings)
     checked = [rules.check(message) for message in messages]
-    return await write_many_async(conn, checked, max_attempts=max_attempts or rules.max_attempts)
+    attempts = max_attempts or rules.max_attempts
+    return await write_many_async(conn, checked, max_attempts=attempts, ready_from=rules.ready_from)

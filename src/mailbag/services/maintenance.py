@@ -14,7 +14,7 @@ matches). `unknown` messages are never purged.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple
 
 from mailbag.store import attachments, idempotency, operator, verifications
@@ -24,6 +24,8 @@ from mailbag.store.session import AsyncDatabase, Database
 if TYPE_CHECKING:  # engines are handed in, never made here
     from sqlalchemy import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from mailbag.settings import Settings
 
 CHUNK = 1000
 ACTOR = "scheduler"  # the actor of the events these chunks write
@@ -72,6 +74,16 @@ async def purge_finished(engine: AsyncEngine, *, older_than: datetime) -> dict[s
 
 async def drop_expired_records(engine: AsyncEngine, now: datetime) -> dict[str, int]:
     return {"records": await _in_chunks_async(engine, expired_records(now))}
+
+
+async def check_sender_domains(
+    engine: AsyncEngine, settings: Settings, now: datetime
+) -> dict[str, int]:
+    """Re-check the sender domains whose last check is DOMAIN_CHECK_EVERY_SECONDS old."""
+    from mailbag.services.sender_domains import SenderDomains
+
+    every = timedelta(seconds=settings.domain_check_every_seconds)
+    return {"domains": await SenderDomains(engine, settings).check_due(now=now, every=every)}
 
 
 async def expire_verifications(engine: AsyncEngine, now: datetime) -> dict[str, int]:

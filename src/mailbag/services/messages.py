@@ -159,7 +159,8 @@ class Messages:
         history says enqueued it (the API, or the CLI's `enqueue --key`)."""
         request_fingerprint = message_fingerprint(message)
         ttl = timedelta(hours=self.settings.idempotency_ttl_hours)
-        if key is not None and takes_first_use(message):
+        ready_from = self.settings.ready_from  # its check is the general path's
+        if key is not None and ready_from is None and takes_first_use(message):
             first = await self._first_use(key, message, request_fingerprint, now, ttl, actor)
             if first is not None:
                 return first
@@ -171,6 +172,7 @@ class Messages:
                 max_attempts=self.settings.max_attempts,
                 actor=actor,
                 now=now,
+                ready_from=ready_from,
             )
             return Response(201, public(enqueued.message), str(enqueued.message.id))
 

@@ -20,6 +20,7 @@ from mailbag.clock import utcnow
 from mailbag.domain.message import NewMessage
 from mailbag.domain.policy import RetryPolicy
 from mailbag.store import enqueue as store
+from mailbag.store import sender_domains
 from mailbag.store.enqueue import Enqueued
 from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncSession, Session
@@ -35,12 +36,14 @@ def _plan(
     max_attempts: int,
     actor: str,
     now: datetime | None,
+    ready_from: str | None,
 ) -> Plan[list[Enqueued]]:
-    return store.enqueue(
-        messages,
-        now=now or utcnow(),
-        default_max_attempts=max_attempts,
-        actor=actor,
+    if ready_from is not None:  # REQUIRE_READY_DOMAINS: refused before anything is written
+        yield from sender_domains.require_ready(messages, ready_from)
+    return (
+        yield from store.enqueue(
+            messages, now=now or utcnow(), default_max_attempts=max_attempts, actor=actor
+        )
     )
 
 
@@ -65,10 +68,12 @@ def write_many(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     actor: str = "app",
     now: datetime | None = None,
+    ready_from: str | None = None,
 ) -> list[Enqueued]:
     """Write messages services.intake checked (the store checks only what needs the
-    database: suppressions, sender identities, idempotency keys)."""
-    results = Session(conn).run(_plan(messages, max_attempts, actor, now))
+    database: suppressions, sender identities, idempotency keys, and with `ready_from`,
+    Settings.ready_from, sender domains' readiness)."""
+    results = Session(conn).run(_plan(messages, max_attempts, actor, now, ready_from))
     return _written(results, conn)
 
 
@@ -79,7 +84,9 @@ async def write_many_async(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     actor: str = "app",
     now: datetime | None = None,
+    ready_from: str | None = None,
 ) -> list[Enqueued]:
     """`write_many` on an AsyncConnection."""
-    results = await AsyncSession(conn).run(_plan(messages, max_attempts, actor, now))
+    plan = _plan(messages, max_attempts, actor, now, ready_from)
+    results = await AsyncSession(conn).run(plan)
     return _written(results, conn.sync_connection)  # type: ignore[arg-type]

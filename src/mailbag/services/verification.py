@@ -155,9 +155,10 @@ class Verifications:
         self, *, tenant_id: str, key: str, request: VerificationRequest, now: datetime
     ) -> Response:
         operation = "POST /v1/email-verifications"
-        done = await self._first_use(tenant_id, key, request, now, operation)
-        if done is not None:
-            return done
+        if self.settings.ready_from is None:  # the gate's check is the general path's
+            done = await self._first_use(tenant_id, key, request, now, operation)
+            if done is not None:
+                return done
 
         async def work(tx: AsyncSession) -> Response:
             email = request.email
@@ -273,7 +274,12 @@ class Verifications:
             data,
         )
         (enqueued,) = await outbox_service.write_many_async(
-            tx.connection, [message], max_attempts=self.settings.max_attempts, actor=ACTOR, now=now
+            tx.connection,
+            [message],
+            max_attempts=self.settings.max_attempts,
+            actor=ACTOR,
+            now=now,
+            ready_from=self.settings.ready_from,
         )
         rotated = await tx.run(
             store.transition(

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Computed,
     Double,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
@@ -34,7 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql
 from sqlalchemy.sql.schema import SchemaItem
 
-from mailbag.domain import content
+from mailbag.domain import content, dkim
 from mailbag.domain import hooks as hook_rules
 from mailbag.domain import message as limits
 from mailbag.domain.hooks.urls import URL_MAX
@@ -542,6 +543,50 @@ def _tenant_accounts(md: MetaData) -> Table:
     )
 
 
+def _sender_domains(md: MetaData) -> Table:
+    """The domains a tenant sends from with its own DKIM keys (services/sender_domains.py),
+    and what their last check of DNS found: `ready` (NULL: never checked), the findings
+    (`report`), and since when it has been as it is (`ready_since`)."""
+    return _table(
+        "sender_domains",
+        md,
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("domain", String(dkim.DOMAIN_MAX), nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("created_by", String(200), nullable=False),
+        Column("ready", Boolean),
+        Column("checked_at", UTCDateTime),
+        Column("ready_since", UTCDateTime),
+        Column("report", json_type()),
+        PrimaryKeyConstraint("tenant_id", "domain"),
+        Index(None, "checked_at"),
+    )
+
+
+def _dkim_keys(md: MetaData) -> Table:
+    """A sender domain's DKIM keys by selector: the one `signing`, during a rotation the
+    `next` one, and `retired` ones still published. The private key is sealed under a key
+    derived from SECRET_KEY, never in clear."""
+    return _table(
+        "dkim_keys",
+        md,
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("domain", String(dkim.DOMAIN_MAX), nullable=False),
+        Column("selector", String(63), nullable=False),
+        Column("algorithm", String(20), nullable=False),
+        Column("state", String(STATUS_LENGTH), nullable=False),
+        Column("public_key", Text, nullable=False),
+        Column("sealed_private_key", Text, nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        PrimaryKeyConstraint("tenant_id", "domain", "selector"),
+        ForeignKeyConstraint(
+            ["tenant_id", "domain"],
+            ["sender_domains.tenant_id", "sender_domains.domain"],
+            ondelete="CASCADE",
+        ),
+    )
+
+
 def _hook_endpoints(md: MetaData) -> Table:
     """Where a tenant's event hooks go (domain/hooks.py). `events` holds the subscribed
     names between commas (`,sent,bounced,`); `secret` is the signing secret sealed with
@@ -641,6 +686,8 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     _message_attachments(md)
     _tenant_senders(md)
     _tenant_accounts(md)
+    _sender_domains(md)
+    _dkim_keys(md)
     _hook_endpoints(md)
     _hook_deliveries(md, dialect)
     _hook_delivery_events(md)
@@ -667,6 +714,8 @@ attachments = metadata.tables["attachments"]
 message_attachments = metadata.tables["message_attachments"]
 tenant_senders = metadata.tables["tenant_senders"]
 tenant_accounts = metadata.tables["tenant_accounts"]
+sender_domains = metadata.tables["sender_domains"]
+dkim_keys = metadata.tables["dkim_keys"]
 hook_endpoints = metadata.tables["hook_endpoints"]
 hook_deliveries = metadata.tables["hook_deliveries"]
 hook_delivery_events = metadata.tables["hook_delivery_events"]

@@ -160,6 +160,7 @@ class Sender:
                     now=now,
                     secrets=config.tokens.secrets_for if config.tokens else None,
                     contents=contents,
+                    signing=self.fleet.signing_keys,
                 )
             except TemplateError as exc:
                 self._decided(progress, message, Rejected(str(exc)))

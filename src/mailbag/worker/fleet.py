@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from mailbag import metrics
 from mailbag.domain import delivery
 from mailbag.domain.breaker import Breaker
+from mailbag.domain.dkim import SigningKey
 from mailbag.domain.message import Message
 from mailbag.domain.routing import PAUSED, TENANT_ACCOUNT, Routing, sure_refusal, waiting_reason
 from mailbag.providers.base import Provider
@@ -39,6 +40,7 @@ from mailbag.store.fleet_state import FleetState, Scope
 from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase
 from mailbag.worker.failures import DB_ERRORS
+from mailbag.worker.signing import Signing
 
 if TYPE_CHECKING:
     from mailbag.services.tenant_accounts import TenantAccount
@@ -83,12 +85,19 @@ def from_settings(settings: Settings) -> Fleet:
     them (built as the fleet reads them)."""
     from mailbag import providers
 
+    signing = Signing.of(settings)
     if not settings.providers:
         alone = providers.create(settings.provider, settings)
-        return Fleet.single(alone, breaker=settings.provider_breaker)
+        return Fleet.single(alone, breaker=settings.provider_breaker, signing=signing)
     members = {name: providers.create(kind, own) for name, (kind, own) in tables(settings).items()}
     accounts = Accounts(settings) if TENANT_ACCOUNT in settings.routing.providers else None
-    return Fleet(members, settings.routing, breaker=settings.provider_breaker, accounts=accounts)
+    return Fleet(
+        members,
+        settings.routing,
+        breaker=settings.provider_breaker,
+        accounts=accounts,
+        signing=signing,
+    )
 
 
 def account_name(tenant_id: str) -> str:
@@ -157,8 +166,10 @@ class Fleet:
         *,
         breaker: Breaker | None = None,
         accounts: Accounts | None = None,
+        signing: Signing | None = None,
     ) -> None:
         self.members, self.routing, self.accounts = dict(members), routing, accounts
+        self.signing = signing
         self.breaker = breaker or Breaker()
         self.state = FleetState()
         self.probing: set[str] = set()  # providers with a probe of this worker's in flight
@@ -169,11 +180,20 @@ class Fleet:
         self.changed = True  # ... and one was, or may have been, since the last read
         self.sending: tuple[set[str], dict[str, tuple[int, str]]] = (set(), {})
         self.learned: tuple[dict[str, datetime], Mapping[str, TenantAccount]] = ({}, {})
+        self.keys_read: Mapping[tuple[str, str], SigningKey] | None = None
 
     @classmethod
-    def single(cls, provider: Provider, *, breaker: Breaker | None = None) -> Fleet:
+    def single(
+        cls, provider: Provider, *, breaker: Breaker | None = None, signing: Signing | None = None
+    ) -> Fleet:
         """One provider, named after its kind: a deployment with only PROVIDER set."""
-        return cls({provider.name: provider}, Routing.single(provider.name), breaker=breaker)
+        routing = Routing.single(provider.name)
+        return cls({provider.name: provider}, routing, breaker=breaker, signing=signing)
+
+    @property
+    def signing_keys(self) -> Mapping[tuple[str, str], SigningKey]:
+        """The sender domains' keys, by (tenant, domain), as last read."""
+        return self.signing.keys if self.signing is not None else {}
 
     @property
     def alone(self) -> bool:
@@ -291,6 +311,8 @@ class Fleet:
         """A NOTIFY LISTEN passed on (None: it reconnected, and one may have been missed)."""
         if payload is None or payload == fleet_state.CHANGED:
             self.changed = True
+            if self.signing is not None:
+                self.signing.stale = True
 
     def listening(self, working: bool) -> None:
         """LISTEN is known to hear every announcement from now (True), or no longer."""
@@ -308,7 +330,8 @@ class Fleet:
         # An answer only needs writing where the fleet's state says its provider failed.
         failing = {name for name, health in self.state.health.items() if health.failures_in_row}
         answered, failed = self.answered & failing, self.failed
-        quiet = not (self.changed or answered or failed)
+        keys_due = self.signing is not None and self.signing.due()
+        quiet = not (self.changed or answered or failed or keys_due)
         if self.told and quiet and since < TOLD_RECHECK_SECONDS:
             return None
         self.changed = False  # before the read: a change announced while it runs is kept
@@ -321,6 +344,8 @@ class Fleet:
         opened, found = self.learned
         if self.accounts is not None:
             self.accounts.update(self.members, found, log)
+        if self.signing is not None and self.keys_read is not None:
+            self.signing.update(self.keys_read)
         for name in self.members:
             if metric_label(name) == name:  # the tables' (tenants' accounts are many)
                 open_ = 1 if self._breaker_open(name) else 0
@@ -360,10 +385,14 @@ class Fleet:
             opened = yield from fleet_state.record(
                 answered=answered, failed=failed, now=now, breaker=self.breaker
             )
-        self.state = yield from fleet_state.read(last=self.accounts is None)
+        keys_due = self.signing is not None and self.signing.due()
+        self.state = yield from fleet_state.read(last=self.accounts is None and not keys_due)
         found: Mapping[str, TenantAccount] = {}
         if self.accounts is not None:
             found = yield from self.accounts.plan()
+        self.keys_read = None
+        if self.signing is not None and keys_due:
+            self.keys_read = yield from self.signing.plan()
         self.learned = opened, found
 
 

@@ -200,9 +200,15 @@ def _why(exc: BaseException) -> str:
 
 def maintenance_jobs(settings: Settings, engine: AsyncEngine) -> list[PeriodicJob]:
     """Purge (unless PURGE_AFTER_DAYS is 0), expired idempotency records and stale
-    verifications, every MAINTENANCE_EVERY_SECONDS, on the worker's engine."""
+    verifications, every MAINTENANCE_EVERY_SECONDS, on the worker's engine; sender domains'
+    DNS checks as often as DOMAIN_CHECK_EVERY_SECONDS asks."""
     every = settings.maintenance_every_seconds
     jobs = [
+        PeriodicJob(
+            "sender_domains_checked",
+            min(every, settings.domain_check_every_seconds),
+            functools.partial(maintenance.check_sender_domains, engine, settings),
+        ),
         PeriodicJob(
             "idempotency_records_expired",
             every,
