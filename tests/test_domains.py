@@ -26,6 +26,7 @@ from mailbag.domain.message import InvalidMessage
 from mailbag.services import maintenance
 from mailbag.services.sender_domains import SenderDomains
 from mailbag.store.schema import dkim_keys, outbox_messages, sender_domains
+from test_hooks_api import problem
 
 from conftest import TestDB
 from dns_server import DnsServer
@@ -353,3 +354,101 @@ async def test_the_scheduler_rechecks_domains_that_are_due_and_metrics_count_the
     async with api_client(db) as client:
         scraped = (await client.get("/metrics")).text
     assert "mailbag_sender_domains_not_ready 1.0" in scraped
+
+
+# --- the admin API ------------------------------------------------------------------------
+
+ADMIN_TOKEN = "admin-token-for-domains-0123456789"
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+async def test_an_operator_adds_checks_rotates_and_removes_a_domain_through_the_api(
+    db: TestDB, dns: DnsServer
+) -> None:
+    tenant, _ = new_tenant(db)
+    base = "/v1/admin/tenants/acme/domains"  # a tenant by its name
+    options = {"admin_token": ADMIN_TOKEN, "dns_nameservers": dns.nameservers}
+    async with api_client(db, **options) as client:
+        answer = await client.post(
+            base, json={"domain": "Acme.Example", "selector": "s1"}, headers=AUTH
+        )
+        assert answer.status_code == 201, answer.text
+        made = answer.json()
+        assert made["tenant_id"] == tenant and made["domain"] == "acme.example"
+        assert made["state"] == "unchecked" and made["keys"] == [
+            {"selector": "s1", "algorithm": "rsa", "state": "signing"}
+        ]
+        assert [r["name"] for r in made["records"]] == [
+            "s1._domainkey.acme.example",
+            "acme.example",
+            "_dmarc.acme.example",
+        ]
+        problem(
+            await client.post(base, json={"domain": "acme.example"}, headers=AUTH),
+            409,
+            "domain-exists",
+        )
+
+        checked = (await client.post(f"{base}/acme.example/check", headers=AUTH)).json()
+        assert checked["ready"] is False
+        assert [f["state"] for f in checked["findings"]] == ["missing"] * 3
+        publish(dns, made["records"])
+        checked = (await client.post(f"{base}/acme.example/check", headers=AUTH)).json()
+        assert checked["ready"] is True and checked["state"] == "ready"
+        listed = (await client.get(base, headers=AUTH)).json()
+        assert [(d["domain"], d["state"]) for d in listed] == [("acme.example", "ready")]
+
+        rotated = await client.post(
+            f"{base}/acme.example/rotate", json={"selector": "s2"}, headers=AUTH
+        )
+        assert rotated.status_code == 200, rotated.text
+        problem(
+            await client.post(f"{base}/acme.example/rotate/finish", headers=AUTH),
+            409,
+            "rotation-refused",
+        )
+        publish(dns, [r for r in rotated.json()["records"] if r["name"].startswith("s2.")])
+        finished = (await client.post(f"{base}/acme.example/rotate/finish", headers=AUTH)).json()
+        assert {k["selector"]: k["state"] for k in finished["keys"]} == {
+            "s2": "signing",
+            "s1": "retired",
+        }
+        assert finished["ready"] is True
+
+        gone = await client.delete(f"{base}/acme.example", params={"selector": "s1"}, headers=AUTH)
+        assert gone.json() == {"removed": True}
+        assert (await client.delete(f"{base}/acme.example", headers=AUTH)).status_code == 200
+        problem(await client.get(f"{base}/acme.example", headers=AUTH), 404, "not-found")
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "slug"),
+    [
+        ({"domain": "not a domain"}, 422, "invalid-domain"),
+        ({"domain": "acme.example", "selector": "a.b"}, 422, "invalid-domain"),
+        ({"domain": "acme.example", "algorithm": "dsa"}, 422, "invalid-domain"),
+        (
+            {"domain": "acme.example", "private_key": "-----BEGIN PRIVATE KEY-----\nc2Vj\n"},
+            422,
+            "invalid-domain",
+        ),
+        ({"domain": "acme.example", "extra": 1}, 422, "validation-error"),
+        ({"domain": "x" * 300}, 422, "validation-error"),
+    ],
+)
+async def test_bad_domains_are_a_problem_and_change_nothing(
+    db: TestDB, body: dict[str, Any], status: int, slug: str
+) -> None:
+    new_tenant(db)
+    async with api_client(db, admin_token=ADMIN_TOKEN) as client:
+        answer = await client.post("/v1/admin/tenants/acme/domains", json=body, headers=AUTH)
+        found = problem(answer, status, slug)
+        assert "c2Vj" not in json.dumps(found)
+        problem(
+            await client.post(
+                "/v1/admin/tenants/nobody/domains", json={"domain": "a.example"}, headers=AUTH
+            ),
+            404,
+            "not-found",
+        )
+    assert counts(db) == (0, 0, 0)

@@ -22,6 +22,7 @@ from mailbag.api.schemas import Strict  # no unknown fields, nothing a database 
 from mailbag.domain.message import TENANT_ID_MAX, Filter, InvalidMessage
 from mailbag.domain.states import Status
 from mailbag.keys import secret_matches
+from mailbag.services.container import Services
 from mailbag.services.messages import (
     MessageNotFound,
     decode_cursor,
@@ -31,6 +32,7 @@ from mailbag.services.messages import (
 from mailbag.services.operations import NotAllowed
 from mailbag.services.pauses import REASON_MAX, Pauses, age_seconds
 from mailbag.services.reconciliation import Reconciler
+from mailbag.services.sender_domains import SenderDomains
 from mailbag.services.tenant_accounts import TenantAccounts
 from mailbag.services.tenants import Senders, resolve_async
 from mailbag.store.fleet_state import Pause, Scope
@@ -78,6 +80,7 @@ async def tenant_query(
 
 TenantQuery = Annotated[str | None, Depends(tenant_query)]
 TenantName = Annotated[str, Path(max_length=TENANT_ID_MAX, description=TENANT)]
+DomainName = Annotated[str, Path(max_length=253, description="A sender domain.")]
 
 
 class Resolution(Strict):
@@ -316,6 +319,154 @@ async def set_account(
 async def remove_account(tenant_id: TenantName, svc: ServicesDep) -> dict[str, bool]:
     """Take a tenant's own account away (404 if it has none)."""
     await TenantAccounts(svc.engine, svc.settings).remove(tenant_id)
+    return {"removed": True}
+
+
+# --- sender domains and their DKIM keys (services/sender_domains.py) --------------------
+
+DOMAIN_RESPONSES = documented(*COMMON, 404, 409, 422, 429)
+PEM_MAX = 16_384
+
+
+class DomainIn(Strict):
+    domain: str = Field(min_length=1, max_length=253, examples=["acme.example"])
+    selector: str | None = Field(
+        None, max_length=63, description="One DNS label; default mbYYYYMMDD.", examples=["s1"]
+    )
+    algorithm: str = Field("rsa", max_length=20, description="rsa (2048 bits) or ed25519.")
+    private_key: str | None = Field(
+        None,
+        max_length=PEM_MAX,
+        description="A PEM private key to use instead of a new one; stored sealed, never shown.",
+    )
+
+
+class RotationIn(Strict):
+    selector: str | None = Field(None, max_length=63, description="The next key's selector.")
+    algorithm: str | None = Field(None, max_length=20, description="Default: the signing key's.")
+    private_key: str | None = Field(None, max_length=PEM_MAX, description="As when adding.")
+
+
+class DnsRecord(BaseModel):
+    type: str
+    name: str
+    value: str
+
+
+class DomainOut(BaseModel):
+    tenant_id: str
+    domain: str
+    state: str = Field(description="ready, not ready, or unchecked (never checked).")
+    ready: bool | None
+    checked_at: datetime | None
+    ready_since: datetime | None = Field(description="Since when it has been as it is.")
+    keys: list[dict[str, str]] = Field(description="selector, algorithm, state of each key.")
+    records: list[DnsRecord] = Field(description="What to publish in DNS.")
+    findings: list[dict[str, Any]] = Field(description="What the last check found, by record.")
+    created_at: datetime
+
+
+def _domains(svc: Services) -> SenderDomains:
+    return SenderDomains(svc.engine, svc.settings)
+
+
+def _pem(text: str | None) -> bytes | None:
+    return text.encode() if text is not None else None
+
+
+@router.get(
+    "/tenants/{tenant_id}/domains", response_model=list[DomainOut], responses=DOMAIN_RESPONSES
+)
+async def domains(tenant_id: TenantName, svc: ServicesDep) -> list[dict[str, Any]]:
+    """A tenant's sender domains, with the records to publish and the last check."""
+    return [d.as_dict() for d in await _domains(svc).listing(tenant_id)]
+
+
+@router.post(
+    "/tenants/{tenant_id}/domains",
+    status_code=201,
+    response_model=DomainOut,
+    responses=DOMAIN_RESPONSES,
+)
+async def add_domain(
+    tenant_id: TenantName, body: DomainIn, svc: ServicesDep, now: NowDep
+) -> dict[str, Any]:
+    """Add a sender domain with a new DKIM key (or `private_key`); its mail is signed from
+    now. The answer's `records` are what to publish; then POST .../check."""
+    shown = await _domains(svc).add(
+        tenant_id,
+        body.domain,
+        now=now,
+        actor=ACTOR,
+        selector=body.selector,
+        algorithm=body.algorithm,
+        key_file=_pem(body.private_key),
+    )
+    return shown.as_dict()
+
+
+@router.get(
+    "/tenants/{tenant_id}/domains/{domain}", response_model=DomainOut, responses=DOMAIN_RESPONSES
+)
+async def domain(tenant_id: TenantName, domain: DomainName, svc: ServicesDep) -> dict[str, Any]:
+    return (await _domains(svc).show(tenant_id, domain)).as_dict()
+
+
+@router.post(
+    "/tenants/{tenant_id}/domains/{domain}/check",
+    response_model=DomainOut,
+    responses=DOMAIN_RESPONSES,
+)
+async def check_domain(
+    tenant_id: TenantName, domain: DomainName, svc: ServicesDep, now: NowDep
+) -> dict[str, Any]:
+    """Ask DNS now for every record and keep what it found (200 whether ready or not:
+    `ready` says)."""
+    return (await _domains(svc).check(tenant_id, domain, now=now)).as_dict()
+
+
+@router.post(
+    "/tenants/{tenant_id}/domains/{domain}/rotate",
+    response_model=DomainOut,
+    responses=DOMAIN_RESPONSES,
+)
+async def rotate_domain(
+    tenant_id: TenantName, domain: DomainName, body: RotationIn, svc: ServicesDep, now: NowDep
+) -> dict[str, Any]:
+    """A rotation's first step: a next key to publish beside the signing one."""
+    shown = await _domains(svc).rotate(
+        tenant_id,
+        domain,
+        now=now,
+        selector=body.selector,
+        algorithm=body.algorithm,
+        key_file=_pem(body.private_key),
+    )
+    return shown.as_dict()
+
+
+@router.post(
+    "/tenants/{tenant_id}/domains/{domain}/rotate/finish",
+    response_model=DomainOut,
+    responses=DOMAIN_RESPONSES,
+)
+async def finish_rotation(
+    tenant_id: TenantName, domain: DomainName, svc: ServicesDep, now: NowDep
+) -> dict[str, Any]:
+    """A rotation's last step, once DNS publishes the next key (409 until it does): it
+    signs from now, the old one is retired."""
+    return (await _domains(svc).finish_rotation(tenant_id, domain, now=now)).as_dict()
+
+
+@router.delete("/tenants/{tenant_id}/domains/{domain}", responses=DOMAIN_RESPONSES)
+async def remove_domain(
+    tenant_id: TenantName,
+    domain: DomainName,
+    svc: ServicesDep,
+    selector: Annotated[str | None, Query(max_length=63)] = None,
+) -> dict[str, bool]:
+    """Remove a sender domain and its keys, or with `selector` one key that does not sign."""
+    await _domains(svc).remove(tenant_id, domain, selector=selector)
     return {"removed": True}
 
 

@@ -29,6 +29,7 @@ from mailbag.services import hooks as hook_service
 from mailbag.services import idempotency
 from mailbag.services import messages as message_service
 from mailbag.services import pauses as pause_service
+from mailbag.services import sender_domains as domain_service
 from mailbag.services import tenant_accounts as account_service
 from mailbag.services import tenants as tenant_service
 from mailbag.services import verification as verification_service
@@ -292,6 +293,12 @@ PROBLEMS: dict[type[Exception], Callable[[Any], ProblemError]] = {
     account_service.InvalidAccount: ProblemType(422, "invalid-account", "Invalid account"),
     account_service.NoAccount: ProblemType(404, "not-found", "Not found"),
     account_service.UnreadableAccount: ProblemType(409, "account-unreadable", "Account unreadable"),
+    # Sender domains (api/admin.py)
+    domain_service.NoDomainKey: ProblemType(409, "no-secret-key", "No key to seal DKIM keys"),
+    domain_service.InvalidDomain: ProblemType(422, "invalid-domain", "Invalid sender domain"),
+    domain_service.DomainExists: ProblemType(409, "domain-exists", "Sender domain exists"),
+    domain_service.UnknownDomain: ProblemType(404, "not-found", "Not found"),
+    domain_service.RotationRefused: ProblemType(409, "rotation-refused", "Rotation refused"),
     # Operators' pauses (api/admin.py)
     pause_service.InvalidPause: ProblemType(
         422, "invalid-pause", "Invalid pause", fields=lambda exc: {"errors": exc.errors}
