@@ -8,6 +8,7 @@ at every door (the CLI, mailbag.enqueue, the API and its batch) until it is."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +27,7 @@ from mailbag.domain.message import InvalidMessage
 from mailbag.services import maintenance
 from mailbag.services.sender_domains import SenderDomains
 from mailbag.store.schema import dkim_keys, outbox_messages, sender_domains
+from test_console import PASSWORD, csrf_in, login
 from test_hooks_api import problem
 
 from conftest import TestDB
@@ -452,3 +454,37 @@ async def test_bad_domains_are_a_problem_and_change_nothing(
             "not-found",
         )
     assert counts(db) == (0, 0, 0)
+
+
+# --- the console --------------------------------------------------------------------------
+
+
+async def test_the_console_shows_each_domains_readiness_and_checks_it_again(
+    db: TestDB, dns: DnsServer
+) -> None:
+    await made_ready(db, dns, "default", "example.com")
+    engine = db.async_engine()
+    try:
+        service = SenderDomains(engine, settings_for(db, dns_nameservers=dns.nameservers))
+        await service.add("default", "example.net", now=utcnow(), actor="test")
+    finally:
+        await engine.dispose()
+    options = {"admin_password": PASSWORD, "dns_nameservers": dns.nameservers}
+    async with api_client(db, **options) as client:
+        await login(client)
+        page = await client.get("/admin/domains")
+        assert page.status_code == 200
+        states = re.findall(
+            r'<td class="mono">([a-z.]+)</td>\s*<td class="domain-state">([a-z ]+)<', page.text
+        )
+        assert states == [("example.net", "unchecked"), ("example.com", "ready")]
+        assert "s1._domainkey" not in page.text and "_domainkey.example.net" in page.text
+
+        form = {"csrf": csrf_in(page), "tenant": "default", "domain": "example.net"}
+        refused = await client.post("/admin/domains/check", data={**form, "csrf": "forged"})
+        assert refused.status_code == 403
+        done = await client.post("/admin/domains/check", data=form, follow_redirects=True)
+        assert "Checked example.net: not ready." in done.text
+        assert "missing (dmarc)" in done.text and "publish TXT _dmarc.example.net" in done.text
+        gone = await client.post("/admin/domains/check", data={**form, "domain": "nothing.example"})
+        assert gone.status_code == 404 and "Nothing was checked" in gone.text

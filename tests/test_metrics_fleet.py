@@ -40,8 +40,9 @@ from conftest import TestDB
 # The statements one read of the outbox's gauges makes: the capped counts, then the two
 # index ranges that find the oldest due message.
 STATEMENTS_PER_READ = 3
-# ... and of the fleet's state (pauses and breakers: tables of a few rows), for the pause gauges.
-FLEET_STATE_READS = 2
+# ... and of the fleet's state (pauses and breakers: tables of a few rows), for the pause gauges,
+# and the count of sender domains that are not ready.
+FLEET_STATE_READS = 3
 SESSION_STATEMENTS = 2
 START_TIMEOUT = 120  # a bound on a loaded machine, not a speed requirement
 BODY = {"to": "ada@example.com", "template": "welcome", "data": {"name": "Ada"}}

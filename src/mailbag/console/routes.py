@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from mailbag.console import actions, attachments, auth, hooks, pauses, render, views
+from mailbag.console import actions, attachments, auth, domains, hooks, pauses, render, views
 from mailbag.console import tenants as tenant_pages
 from mailbag.console.context import Console, ConsoleError, Handler
 from mailbag.console.forms import BadForm, read_form
@@ -34,6 +34,7 @@ PAGES: list[tuple[str, Handler]] = [
     ("/hooks", hooks.page),
     ("/hooks/deliveries/{delivery_id}", hooks.delivery),
     ("/pauses", pauses.paused),
+    ("/domains", domains.page),
 ]
 ACTIONS: list[tuple[str, Handler]] = [
     ("/messages/bulk-requeue", actions.bulk_requeue),
@@ -47,6 +48,7 @@ ACTIONS: list[tuple[str, Handler]] = [
     ("/hooks/deliveries/{delivery_id}/replay", hooks.replay),
     ("/pauses/pause", pauses.pause),
     ("/pauses/resume", pauses.resume),
+    ("/domains/check", domains.check),
 ]
 # Where a login may lead: console pages only, never another site ("//evil.example").
 _LOCAL_NEXT = re.compile(r"^/admin(/[^/\\][^\\\s]*)?(\?[^\s]*)?$")
