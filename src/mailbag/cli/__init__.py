@@ -46,6 +46,7 @@ COMMANDS = (
     pauses.resume,
     pauses.pauses,
     maintenance.purge,
+    maintenance.erase,
     run.worker,
     run.serve,
     run.api,
