@@ -195,11 +195,13 @@ def _suppress(
 
 
 def get(erasure_id: uuid.UUID) -> Plan[Erasure | None]:
+    """One erasure by its id (None if there is none)."""
     row = (yield Step(select(erasures).where(erasures.c.id == erasure_id))).first()
     return _erasure(row) if row is not None else None
 
 
 def listing(*, limit: int = 100) -> Plan[list[Erasure]]:
+    """Erasures, newest first."""
     query = select(erasures).order_by(erasures.c.requested_at.desc(), erasures.c.id.desc())
     return [_erasure(row) for row in (yield Step(query.limit(limit))).all()]
 
@@ -222,6 +224,7 @@ def _progress(erasure_id: uuid.UUID, counted: Mapping[str, int], now: datetime) 
 
 
 def finish(erasure_id: uuid.UUID, *, waiting: bool, now: datetime) -> Plan[Erasure]:
+    """An erasure ends its run: done, or waiting for the messages a worker holds."""
     values: dict[str, Any] = {"updated_at": now}
     if waiting:
         values["state"] = State.WAITING.value

@@ -132,4 +132,4 @@ def among(pairs: Iterable[tuple[str, str]]) -> Plan[frozenset[tuple[str, str]]]:
             )
         )
     ).all()
-    return frozenset((row.tenant_id, plain_of[row.email]) for row in rows) & wanted
+    return frozenset((row.tenant_id, plain_of.get(row.email, row.email)) for row in rows) & wanted
