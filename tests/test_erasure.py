@@ -495,3 +495,25 @@ async def test_each_tenant_keeps_its_finished_mail_as_long_as_its_retention_says
     with db.engine.connect() as conn:
         left = conn.execute(select(outbox_messages.c.tenant_id)).scalar_one()
     assert left == keeper
+
+
+@pytest.mark.parametrize(
+    ("days", "code", "said"),
+    [
+        ("7", 0, "keeps finished messages 7 day(s)"),
+        ("default", 0, "the PURGE_AFTER_DAYS setting's"),
+        ("-1", 2, ""),
+        ("nan", 2, "DAYS must be a number of days"),
+        ("40000", 2, "DAYS must be a number of days"),
+    ],
+)
+def test_tenants_retention_sets_a_tenants_days_or_refuses_writing_nothing(db, days, code, said):
+    from mailbag.store.schema import tenant_retention
+
+    new_tenant(db, "acme")
+    env = {"MAILBAG_DATABASE_URL": db.url, "MAILBAG_SECRET_KEY": TEST_SECRET_KEY}
+    result = runner.invoke(cli_app, ["tenants", "retention", "acme", "--", days], env=env)
+    assert result.exit_code == code and said in result.output, result.output
+    assert count(db, tenant_retention) == (1 if days == "7" else 0)
+    unknown = runner.invoke(cli_app, ["tenants", "retention", "nobody", "3"], env=env)
+    assert unknown.exit_code == 2 and "no tenant 'nobody'" in unknown.output
