@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from email_validator import EmailNotValidError
 
-from mailbag import keys, log
+from mailbag import keys
 from mailbag.clock import utcnow
 from mailbag.domain.erasure import CHUNK, ErasureKey, State
 from mailbag.domain.message import ANY_ADDRESS, normalize_address
@@ -142,6 +142,8 @@ class Erasures:
             erasure = await tx.run(store.finish(erasure.id, waiting=held > 0, now=utcnow()))
         if erasure.state == State.DONE:
             await compact_sqlite(self.engine)
+        from mailbag import log  # structlog: not for the commands that only build engines
+
         # The record of the erasure: its id, scope and counts, never the address.
         log.get("mailbag.erasure").info(
             "erasure_" + erasure.state,
@@ -182,6 +184,8 @@ async def compact_sqlite(engine: AsyncEngine) -> bool:
         async with sqlite.execute("PRAGMA wal_checkpoint(TRUNCATE)") as cursor:
             busy = (await cursor.fetchone())[0]
     if busy:
+        from mailbag import log
+
         log.get("mailbag.erasure").warning("erasure_wal_busy")
     return not busy
 
