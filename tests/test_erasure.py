@@ -391,8 +391,8 @@ async def main():
     erasures = Erasures(engine, erasure_key(settings), chunk=1)
     real_chunk = erasures._chunk
 
-    async def slowly(plan):
-        full = await real_chunk(plan)
+    async def slowly(chunk, **args):
+        full = await real_chunk(chunk, **args)
         await asyncio.sleep(0.3)  # time for the test to kill it between chunks
         return full
 

@@ -19,6 +19,7 @@ from mailbag import log
 from mailbag.api.deps import NowDep, ServicesDep, bearer
 from mailbag.api.problems import COMMON, documented, not_found, too_many_attempts, unauthorized
 from mailbag.api.schemas import Strict  # no unknown fields, nothing a database refuses
+from mailbag.domain.erasure import State
 from mailbag.domain.message import TENANT_ID_MAX, Filter, InvalidMessage
 from mailbag.domain.states import Status
 from mailbag.keys import secret_matches
@@ -462,7 +463,7 @@ async def erase(body: ErasureIn, response: Response, svc: ServicesDep) -> dict[s
     ends, and the erasure resumes. The address stays suppressed by its keyed hash."""
     erasures = Erasures(svc.engine, erasure_key(svc.settings))
     outcome = await erasures.run(body.address, tenant=body.tenant_id, actor=ACTOR)
-    if outcome.erasure.state != "done":
+    if outcome.erasure.state != State.DONE:
         response.status_code = 202
     return describe(outcome.erasure, held=outcome.held)
 

@@ -97,6 +97,7 @@ def erase(
     import json
     import time
 
+    from mailbag.domain.erasure import State
     from mailbag.services.erasure import (
         Erasures,
         InvalidAddress,
@@ -119,7 +120,7 @@ def erase(
         deadline = time.monotonic() + patience
         while True:
             outcome = await erasures.run(address, tenant=tenant, actor="operator:cli")
-            if outcome.erasure.state != "waiting" or time.monotonic() >= deadline:
+            if outcome.erasure.state != State.WAITING or time.monotonic() >= deadline:
                 return outcome
             await asyncio.sleep(min(1.0, config.lease_seconds / 10))
 
@@ -133,7 +134,7 @@ def erase(
     else:
         counts = ", ".join(f"{n} {table}" for table, n in sorted(shown["progress"].items()))
         typer.echo(f"erasure {shown['id']}: {shown['state']} ({counts or 'nothing found'})")
-    if outcome.erasure.state != "done":
+    if outcome.erasure.state != State.DONE:
         fail(
             f"{outcome.held} message(s) are being sent right now; run `mailbag erase` again "
             "once their lease ends (the erasure resumes)",

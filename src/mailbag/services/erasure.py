@@ -24,6 +24,9 @@ Errors:
 
 from __future__ import annotations
 
+import functools
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +40,7 @@ from mailbag.services.hooks import fan_out
 from mailbag.services.tenants import tenant_id_of
 from mailbag.store import erasure as store
 from mailbag.store.erasure import Erasure
-from mailbag.store.plan import dialect_of_connection
+from mailbag.store.plan import Plan, dialect_of_connection
 from mailbag.store.session import AsyncDatabase
 from mailbag.store.suppressions import ERASURE_KEY_OPTION
 
@@ -114,28 +117,15 @@ class Erasures:
                     actor=actor,
                 )
             )
-        while await self._chunk(
-            lambda now: store.erase_messages(
-                erasure.id,
-                address=address,
-                tenant_id=tenant_id,
-                now=now,
-                actor=actor,
-                limit=self.chunk,
-            )
-        ):
-            pass
-        for rows in store.OTHER_ROWS:
-            while await self._chunk(
-                lambda now, rows=rows: store.erase_rows(
-                    erasure.id,
-                    rows,
-                    address=address,
-                    tenant_id=tenant_id,
-                    now=now,
-                    limit=self.chunk,
-                )
-            ):
+        # The messages first (what hangs from them goes with them), then every other table.
+        chunks: list[Callable[..., Plan[int]]] = [
+            functools.partial(store.erase_messages, erasure.id, actor=actor)
+        ]
+        chunks += [
+            functools.partial(store.erase_rows, erasure.id, rows) for rows in store.OTHER_ROWS
+        ]
+        for chunk in chunks:
+            while await self._chunk(chunk, address=address, tenant_id=tenant_id):
                 pass
         async with self.db.transaction() as tx:
             held = await tx.run(store.held_messages(address=address, tenant_id=tenant_id))
@@ -154,13 +144,17 @@ class Erasures:
         )
         return Outcome(erasure, held)
 
-    async def _chunk(self, plan: Any) -> bool:
+    async def _chunk(
+        self, chunk: Callable[..., Plan[int]], *, address: str, tenant_id: str | None
+    ) -> bool:
         """One chunk in its own transaction; whether it was full (more may follow)."""
         async with self.db.transaction() as tx:
-            done: int = await tx.run(plan(utcnow()))
+            done = await tx.run(
+                chunk(address=address, tenant_id=tenant_id, now=utcnow(), limit=self.chunk)
+            )
         return done >= self.chunk
 
-    async def get(self, erasure_id: Any) -> Erasure | None:
+    async def get(self, erasure_id: uuid.UUID) -> Erasure | None:
         async with self.db.connect(read_only=True) as session:
             return await session.run(store.get(erasure_id))
 
