@@ -25,6 +25,7 @@ Errors:
 from __future__ import annotations
 
 import functools
+import sqlite3
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -165,8 +166,9 @@ class Erasures:
 
 async def compact_sqlite(engine: AsyncEngine) -> bool:
     """On SQLite, rewrite the file (VACUUM: no free page keeps erased bytes) and empty its
-    write-ahead log (checkpoint TRUNCATE: no old frame keeps them). False when a reader
-    kept the log from being emptied (log it: run `mailbag erase` again later)."""
+    write-ahead log (checkpoint TRUNCATE: no old frame keeps them). False when another
+    connection kept the file or its log from it (logged: run `mailbag erase` again later);
+    the erasure itself is done either way."""
     async with engine.connect() as conn:
         if dialect_of_connection(conn) != "sqlite":
             return True
@@ -174,9 +176,12 @@ async def compact_sqlite(engine: AsyncEngine) -> bool:
         # begins every transaction IMMEDIATE), and VACUUM cannot run inside a transaction.
         sqlite = (await conn.get_raw_connection()).driver_connection
         assert sqlite is not None
-        await sqlite.execute("VACUUM")
-        async with sqlite.execute("PRAGMA wal_checkpoint(TRUNCATE)") as cursor:
-            busy = (await cursor.fetchone())[0]
+        try:
+            await sqlite.execute("VACUUM")
+            async with sqlite.execute("PRAGMA wal_checkpoint(TRUNCATE)") as cursor:
+                busy = (await cursor.fetchone())[0]
+        except sqlite3.OperationalError:  # locked past the busy timeout by a busy writer
+            busy = 1
     if busy:
         from mailbag import log
 

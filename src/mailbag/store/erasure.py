@@ -332,7 +332,7 @@ def erase_messages(
         .values(recipient=None, detail=None, raw={})
     )
     yield from _drop_attachments(erased)
-    yield Step(update(om).where(om.c.id.in_(erased)).values(MESSAGE_SCRUB))
+    yield Step(update(om).where(settled).values(MESSAGE_SCRUB))
     yield from _progress(erasure_id, {"outbox_messages": len(erased)}, now)
     return len(erased)
 
