@@ -517,3 +517,17 @@ def test_tenants_retention_sets_a_tenants_days_or_refuses_writing_nothing(db, da
     assert count(db, tenant_retention) == (1 if days == "7" else 0)
     unknown = runner.invoke(cli_app, ["tenants", "retention", "nobody", "3"], env=env)
     assert unknown.exit_code == 2 and "no tenant 'nobody'" in unknown.output
+
+
+async def test_an_applications_own_connection_refuses_an_erased_address_too(db):
+    import mailbag
+    from api_helpers import settings_for
+
+    async with api_client(db, admin_token=ADMIN_TOKEN) as admin:
+        r = await admin.post("/v1/admin/erasures", json={"address": PERSON}, headers=AUTH)
+        assert r.status_code == 201, r.text
+    settings = settings_for(db)
+    with db.engine.begin() as conn:  # an engine mailbag did not make: no options of its own
+        refused = mailbag.enqueue(conn, to=PERSON.upper(), subject="s", text="t", settings=settings)
+        welcome = mailbag.enqueue(conn, to=OTHER, subject="s", text="t", settings=settings)
+    assert refused.message.status == "failed" and welcome.message.status == "pending"

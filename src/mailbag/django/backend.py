@@ -95,7 +95,10 @@ class EmailBackend(BaseEmailBackend):  # type: ignore[misc]  # Django ships no t
             return 0
         try:
             results = write(
-                self.database, built, max_attempts=self.max_attempts or self.settings.max_attempts
+                self.database,
+                built,
+                max_attempts=self.max_attempts or self.settings.max_attempts,
+                rules=Rules.of(self.settings),  # cheap: its parts are read once each
             )
         except Exception as exc:
             if not self.fail_silently:

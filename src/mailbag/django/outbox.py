@@ -32,11 +32,19 @@ from mailbag.store.enqueue import Enqueued
 ACTOR = "django"  # the actor of the outbox events these enqueues write
 
 
-def write(alias: str, messages: Sequence[NewMessage], *, max_attempts: int) -> list[Enqueued]:
-    """Messages services.intake checked into the outbox of Django's database `alias`, in
-    its transaction."""
+def write(
+    alias: str, messages: Sequence[NewMessage], *, max_attempts: int, rules: Rules
+) -> list[Enqueued]:
+    """Messages services.intake checked (under `rules`) into the outbox of Django's
+    database `alias`, in its transaction."""
     with transaction.atomic(using=alias), on_django_connection(alias) as conn:
-        results = write_many(conn, messages, max_attempts=max_attempts, actor=ACTOR)
+        results = write_many(
+            conn,
+            messages,
+            max_attempts=max_attempts,
+            actor=ACTOR,
+            erasure_key=rules.erasure_key,
+        )
         if any(result.created for result in results):
             # Not wakeup.notify_after_commit: SQLAlchemy never sees Django's commit.
             transaction.on_commit(wakeup.notify, using=alias)
@@ -59,5 +67,7 @@ def enqueue(
     InvalidMessage and writes nothing when a field is wrong."""
     alias = conf.database_alias(using)
     config = conf.mailbag_settings(alias)
-    message = Rules.of(config).message(to=to, tenant_id=conf.tenant(tenant), **fields)
-    return write(alias, [message], max_attempts=max_attempts or config.max_attempts)[0]
+    rules = Rules.of(config)
+    message = rules.message(to=to, tenant_id=conf.tenant(tenant), **fields)
+    attempts = max_attempts or config.max_attempts
+    return write(alias, [message], max_attempts=attempts, rules=rules)[0]

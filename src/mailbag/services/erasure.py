@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 from email_validator import EmailNotValidError
 
-from mailbag import keys
 from mailbag.clock import utcnow
 from mailbag.domain.erasure import CHUNK, ErasureKey, State
 from mailbag.domain.message import ANY_ADDRESS, normalize_address
@@ -61,10 +60,7 @@ class NoErasureKey(Exception):
 
 def erasure_key(settings: Settings) -> ErasureKey | None:
     """The key erased addresses are hashed under, if the deployment has a key."""
-    try:
-        return ErasureKey.of(settings.key)
-    except keys.MissingSecretKey:
-        return None
+    return settings.erasure_key
 
 
 def engine_options(settings: Settings) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from sqlalchemy import Connection
 
 from mailbag import providers
 from mailbag.domain.content import Limits
+from mailbag.domain.erasure import ErasureKey
 from mailbag.domain.message import (
     AddressInput,
     AddressRules,
@@ -130,6 +131,8 @@ class Rules:
     # may go to; a message is accepted if one provider of its route can carry it.
     carriers: tuple[Carrier, ...] = ()
     routing: Routing | None = None
+    # What erased addresses are hashed under, for connections mailbag did not make.
+    erasure_key: ErasureKey | None = None
 
     @classmethod
     def of(cls, settings: Settings, *, catalog: Catalog | None = None) -> Rules:
@@ -147,6 +150,7 @@ class Rules:
             max_attempts=settings.max_attempts,
             carriers=carriers,
             routing=settings.routing if carriers else None,
+            erasure_key=settings.erasure_key,
         )
 
     def message(self, *, secrets: Mapping[str, Any] | None = None, **fields: Any) -> NewMessage:
@@ -245,7 +249,12 @@ def enqueue(
     `max_attempts` defaults to the settings' MAX_ATTEMPTS."""
     rules = rules_for(settings)
     message = rules.message(to=to, **fields)
-    return write_many(conn, [message], max_attempts=max_attempts or rules.max_attempts)[0]
+    return write_many(
+        conn,
+        [message],
+        max_attempts=max_attempts or rules.max_attempts,
+        erasure_key=rules.erasure_key,
+    )[0]
 
 
 async def enqueue_async(
@@ -260,7 +269,10 @@ async def enqueue_async(
     rules = rules_for(settings)
     message = rules.message(to=to, **fields)
     written = await write_many_async(
-        conn, [message], max_attempts=max_attempts or rules.max_attempts
+        conn,
+        [message],
+        max_attempts=max_attempts or rules.max_attempts,
+        erasure_key=rules.erasure_key,
     )
     return written[0]
 
@@ -277,7 +289,12 @@ def enqueue_many(
     before anything is written."""
     rules = rules_for(settings)
     checked = [rules.check(message) for message in messages]
-    return write_many(conn, checked, max_attempts=max_attempts or rules.max_attempts)
+    return write_many(
+        conn,
+        checked,
+        max_attempts=max_attempts or rules.max_attempts,
+        erasure_key=rules.erasure_key,
+    )
 
 
 async def enqueue_many_async(
@@ -290,4 +307,9 @@ async def enqueue_many_async(
     """`enqueue_many` on an AsyncConnection."""
     rules = rules_for(settings)
     checked = [rules.check(message) for message in messages]
-    return await write_many_async(conn, checked, max_attempts=max_attempts or rules.max_attempts)
+    return await write_many_async(
+        conn,
+        checked,
+        max_attempts=max_attempts or rules.max_attempts,
+        erasure_key=rules.erasure_key,
+    )

@@ -4,8 +4,9 @@ An erased address (store/erasure.py) is suppressed by its keyed hash, never in c
 key is a subkey of SECRET_KEY (domain.erasure.ErasureKey) that the processes mailbag builds
 carry on their engines as an execution option (ERASURE_KEY_OPTION, services.erasure
 .connection_options), so every check here (`among`, and the first-use chain through
-`forms`) and a removal by an operator find the hashed entry from the address. A connection
-without it (an application's own engine) checks the plain addresses only.
+`forms`) and a removal by an operator find the hashed entry from the address. An
+application's own connection is given it by services.outbox.write_many (the deployment's
+Rules.erasure_key); a connection without it checks the plain addresses only.
 """
 
 from __future__ import annotations
