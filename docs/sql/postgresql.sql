@@ -1376,7 +1376,7 @@ SET idempotency_key=:idempotency_key, to_address=:to_address, to_name=:to_name,
     from_address=:from_address, subject=:subject, template_data=:template_data, headers=:headers,
     tags=:tags, metadata=:metadata, last_error=:last_error, carried=:carried,
     attachment_count=:attachment_count
-WHERE outbox_messages.id IN (:id_1);
+WHERE outbox_messages.id IN (:id_1) AND outbox_messages.status != :status;
 -- step 14 of 15
 SELECT erasures.progress
 FROM erasures
