@@ -82,7 +82,7 @@ def _has(binary: str) -> bool:
 def traces(data: bytes) -> list[str]:
     """Which forms of the person's address a dump holds (any case; the local part)."""
     lowered = data.lower()
-    forms = {PERSON.lower(), LOCAL, LOCAL.replace(".", "\\u002e")}
+    forms = {PERSON.lower(), LOCAL}
     return sorted(form for form in forms if form.encode() in lowered)
 
 
