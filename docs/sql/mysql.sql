@@ -75,7 +75,8 @@ VALUES (:message_id, :from_status, :to_status, :at, :actor, :attempt, :provider_
 -- step 1 of 4
 SELECT NOT (EXISTS (SELECT suppressions.id
 FROM suppressions
-WHERE suppressions.tenant_id = :tenant_id AND suppressions.email = :address)) AS not_suppressed;
+WHERE suppressions.tenant_id = :tenant_id
+    AND suppressions.email IN (:address, :hashed))) AS not_suppressed;
 -- step 2 of 4
 INSERT INTO idempotency_records (tenant_id, idempotency_key, operation, fingerprint, resource_id,
     response_status, response_body, created_at, expires_at)
@@ -111,7 +112,8 @@ WHERE tenants.id = :tenant_id FOR UPDATE;
 -- step 2 of 12
 SELECT NOT (EXISTS (SELECT suppressions.id
 FROM suppressions
-WHERE suppressions.tenant_id = :tenant_id AND suppressions.email = :address)) AS not_suppressed;
+WHERE suppressions.tenant_id = :tenant_id
+    AND suppressions.email IN (:address, :hashed))) AS not_suppressed;
 -- step 3 of 12
 SELECT NOT (EXISTS (SELECT email_verifications.id
 FROM email_verifications
@@ -636,7 +638,8 @@ VALUES (:message_id, :from_status, :to_status, :at, :actor, :attempt, :provider_
 
 -- name: operator.purge --
 -- Delete up to `limit` terminal messages (their events and attachment references too) last changed
--- before a cutoff.
+-- before a cutoff: of one tenant (`tenant_id`), or of every tenant but those `other_than` names
+-- (the tenants that keep their own PURGE_AFTER_DAYS).
 -- step 1 of 4
 SELECT outbox_messages.id
 FROM outbox_messages
@@ -992,8 +995,10 @@ VALUES (:tenant_id, :email, :reason, :detail, :source_event_id, :created_at)
 ON DUPLICATE KEY UPDATE id = suppressions.id;
 
 -- name: suppressions.remove --
--- Lift a suppression of an address.
-DELETE FROM suppressions WHERE suppressions.tenant_id = :tenant_id AND suppressions.email = :email;
+-- Send to the address again: its plain entry, or its hashed one if it was erased.
+DELETE
+FROM suppressions
+WHERE suppressions.tenant_id = :tenant_id AND suppressions.email IN (:email_1);
 
 -- name: suppressions.listing --
 -- Suppressions, newest first, a page.
@@ -1014,6 +1019,265 @@ FROM suppressions;
 SELECT suppressions.tenant_id, suppressions.email
 FROM suppressions
 WHERE suppressions.tenant_id IN (:tenant_id_1) AND suppressions.email IN (:email_1);
+
+
+-- === erasure ===============================================================================
+
+-- name: erasure.begin --
+-- The unfinished erasure of this address in this scope, or a new one; and the address suppressed,
+-- by its hash, for every tenant in scope (a plain suppression of it too).
+-- step 1 of 8
+SELECT erasures.id, erasures.tenant_id, erasures.address_hash, erasures.state, erasures.progress,
+    erasures.requested_at, erasures.requested_by, erasures.updated_at, erasures.finished_at
+FROM erasures
+WHERE erasures.address_hash = :address_hash AND erasures.tenant_id = :tenant_id
+    AND erasures.state != :state
+ORDER BY erasures.requested_at
+LIMIT :limit;
+-- step 2 of 8
+INSERT INTO erasures (id, tenant_id, address_hash, state, progress, requested_at, requested_by,
+    updated_at, finished_at)
+VALUES (:id, :tenant_id, :address_hash, :state, :progress, :requested_at, :requested_by,
+    :updated_at, :finished_at);
+-- step 3 of 8
+SELECT erasures.id, erasures.tenant_id, erasures.address_hash, erasures.state, erasures.progress,
+    erasures.requested_at, erasures.requested_by, erasures.updated_at, erasures.finished_at
+FROM erasures
+WHERE erasures.id = :id;
+-- step 4 of 8
+SELECT suppressions.tenant_id
+FROM suppressions
+WHERE suppressions.tenant_id = :tenant_id AND lower(suppressions.email) = :lower;
+-- step 5 of 8
+SELECT suppressions.tenant_id
+FROM suppressions
+WHERE suppressions.email = :email AND suppressions.tenant_id IN (:tenant_id_1);
+-- step 6 of 8
+DELETE
+FROM suppressions
+WHERE suppressions.tenant_id = :tenant_id AND lower(suppressions.email) = :lower
+    AND suppressions.tenant_id IN (:tenant_id_2_1);
+-- step 7 of 8
+UPDATE suppressions
+SET email=:email, detail=:detail
+WHERE suppressions.tenant_id = :tenant_id AND lower(suppressions.email) = :lower;
+-- step 8 of 8
+INSERT INTO suppressions (tenant_id, email, reason, detail, source_event_id, created_at)
+VALUES (:tenant_id, :email, :reason, :detail, :source_event_id, :created_at)
+ON DUPLICATE KEY UPDATE id = suppressions.id;  -- once per row (executemany)
+
+-- name: erasure.erase_messages --
+-- Erase up to `limit` messages that quote the address and no worker holds; how many.
+-- step 1 of 21
+SELECT outbox_messages.id
+FROM outbox_messages
+WHERE outbox_messages.tenant_id = :tenant_id
+    AND ((lower(outbox_messages.idempotency_key) LIKE concat('%', :lower,
+    '%') ESCAPE '/') OR (lower(outbox_messages.to_address) LIKE concat('%', :lower_2,
+    '%') ESCAPE '/') OR (lower(outbox_messages.to_name) LIKE concat('%', :lower_3,
+    '%') ESCAPE '/') OR (lower(outbox_messages.from_address) LIKE concat('%', :lower_4,
+    '%') ESCAPE '/') OR (lower(outbox_messages.subject) LIKE concat('%', :lower_5,
+    '%') ESCAPE '/') OR (lower(CAST(outbox_messages.template_data AS CHAR)) LIKE concat('%',
+    :lower_6, '%') ESCAPE '/') OR (lower(CAST(outbox_messages.headers AS CHAR)) LIKE concat('%',
+    :lower_7, '%') ESCAPE '/') OR (lower(CAST(outbox_messages.tags AS CHAR)) LIKE concat('%',
+    :lower_8, '%') ESCAPE '/') OR (lower(CAST(outbox_messages.metadata AS CHAR)) LIKE concat('%',
+    :lower_9, '%') ESCAPE '/') OR (lower(outbox_messages.last_error) LIKE concat('%', :lower_10,
+    '%') ESCAPE '/') OR (lower(CAST(outbox_messages.carried AS CHAR)) LIKE concat('%', :lower_11,
+    '%') ESCAPE '/')) AND outbox_messages.status != :status
+ORDER BY outbox_messages.id
+LIMIT :limit;
+-- step 2 of 21
+SELECT outbox_messages.id, outbox_messages.status AS previous_state
+FROM outbox_messages
+WHERE outbox_messages.status IN ('pending', 'retrying')
+    AND outbox_messages.id IN (:id_1) FOR UPDATE;
+-- step 3 of 21
+UPDATE outbox_messages
+SET status='cancelled', updated_at=:updated_at
+WHERE outbox_messages.id IN (:id_1);
+-- step 4 of 21
+SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotency_key,
+    outbox_messages.to_address, outbox_messages.to_name, outbox_messages.from_address,
+    outbox_messages.subject, outbox_messages.template_name, outbox_messages.template_data,
+    outbox_messages.headers, outbox_messages.tags, outbox_messages.metadata, outbox_messages.status,
+    outbox_messages.attempt_count, outbox_messages.max_attempts, outbox_messages.next_attempt_at,
+    outbox_messages.created_at, outbox_messages.updated_at, outbox_messages.claim_token,
+    outbox_messages.claimed_by, outbox_messages.claimed_at, outbox_messages.lease_expires_at,
+    outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
+    outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
+    outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
+    outbox_messages.attachment_count
+FROM outbox_messages
+WHERE outbox_messages.id IN (:id_1);
+-- step 5 of 21
+INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
+    provider_message_id, detail)
+VALUES (:message_id, :from_status, :to_status, :at, :actor, :attempt, :provider_message_id,
+    :detail);  -- once per row (executemany)
+-- step 6 of 21
+SELECT email_verifications.id, email_verifications.state AS previous_state
+FROM email_verifications
+WHERE email_verifications.state IN ('send_failed')
+    AND email_verifications.message_id IN (:message_id_1) FOR UPDATE;
+-- step 7 of 21
+UPDATE email_verifications
+SET state='send_pending', updated_at=:updated_at
+WHERE email_verifications.id IN (:id_1);
+-- step 8 of 21
+SELECT email_verifications.id, email_verifications.tenant_id, email_verifications.email,
+    email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
+    email_verifications.confirm_attempts, email_verifications.send_count,
+    email_verifications.message_id, email_verifications.template_name,
+    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
+FROM email_verifications
+WHERE email_verifications.id IN (:id_1);
+-- step 9 of 21
+INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
+    detail)
+VALUES (:verification_id, :from_state, :to_state, :at, :actor, :message_id, :detail);
+-- once per row (executemany)
+-- step 10 of 21
+SELECT outbox_messages.id
+FROM outbox_messages
+WHERE outbox_messages.id IN (:id_1) AND outbox_messages.status != :status;
+-- step 11 of 21
+UPDATE message_events SET detail=:detail WHERE message_events.message_id IN (:message_id_1);
+-- step 12 of 21
+INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt, detail)
+SELECT outbox_messages.id, outbox_messages.status, outbox_messages.status AS status__1,
+    :at AS anon_1, :actor AS anon_2, outbox_messages.attempt_count, :detail AS anon_3
+FROM outbox_messages
+WHERE outbox_messages.id IN (:id_1);
+-- step 13 of 21
+UPDATE hook_delivery_events
+SET detail=:detail
+WHERE hook_delivery_events.delivery_id IN (SELECT hook_deliveries.id
+FROM hook_deliveries
+WHERE hook_deliveries.message_id IN (:message_id_1));
+-- step 14 of 21
+UPDATE hook_deliveries
+SET payload=:payload, last_error=:last_error
+WHERE hook_deliveries.message_id IN (:message_id_1);
+-- step 15 of 21
+UPDATE provider_events
+SET recipient=:recipient, detail=:detail, raw=:raw
+WHERE provider_events.message_id IN (:message_id_1);
+-- step 16 of 21
+SELECT message_attachments.sha256
+FROM message_attachments
+WHERE message_attachments.message_id IN (:message_id_1);
+-- step 17 of 21
+DELETE FROM message_attachments WHERE message_attachments.message_id IN (:message_id_1);
+-- step 18 of 21
+DELETE FROM attachments WHERE attachments.sha256 IN (:sha256_1) AND NOT (EXISTS (SELECT *
+FROM message_attachments
+WHERE message_attachments.sha256 = attachments.sha256));
+-- step 19 of 21
+UPDATE outbox_messages
+SET idempotency_key=:idempotency_key, to_address=:to_address, to_name=:to_name,
+    from_address=:from_address, subject=:subject, template_data=:template_data, headers=:headers,
+    tags=:tags, metadata=:metadata, last_error=:last_error, carried=:carried,
+    attachment_count=:attachment_count
+WHERE outbox_messages.id IN (:id_1) AND outbox_messages.status != :status;
+-- step 20 of 21
+SELECT erasures.progress
+FROM erasures
+WHERE erasures.id = :id FOR UPDATE;
+-- step 21 of 21
+UPDATE erasures
+SET state=:state, progress=:progress, updated_at=:updated_at
+WHERE erasures.id = :id;
+
+-- name: erasure.erase_rows --
+-- Scrub up to `limit` rows of one table that quote the address; how many.
+-- step 1 of 4
+SELECT email_verifications.id, email_verifications.tenant_id, email_verifications.email,
+    email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
+    email_verifications.confirm_attempts, email_verifications.send_count,
+    email_verifications.message_id, email_verifications.template_name,
+    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
+FROM email_verifications
+WHERE email_verifications.tenant_id = :tenant_id
+    AND ((lower(email_verifications.email) LIKE concat('%', :lower,
+    '%') ESCAPE '/') OR (lower(email_verifications.redirect_url) LIKE concat('%', :lower_2,
+    '%') ESCAPE '/'))
+ORDER BY email_verifications.id
+LIMIT :limit;
+-- step 2 of 4
+UPDATE email_verifications
+SET email=:erased_email, redirect_url=:erased_redirect_url
+WHERE email_verifications.id = :erased_key;  -- once per row (executemany)
+-- step 3 of 4
+SELECT erasures.progress
+FROM erasures
+WHERE erasures.id = :id FOR UPDATE;
+-- step 4 of 4
+UPDATE erasures
+SET state=:state, progress=:progress, updated_at=:updated_at
+WHERE erasures.id = :id;
+
+-- name: erasure.held_messages --
+-- How many messages that quote the address a worker holds right now (left for later).
+SELECT count(*) AS count_1
+FROM outbox_messages
+WHERE ((lower(outbox_messages.idempotency_key) LIKE concat('%', :lower,
+    '%') ESCAPE '/') OR (lower(outbox_messages.to_address) LIKE concat('%', :lower_2,
+    '%') ESCAPE '/') OR (lower(outbox_messages.to_name) LIKE concat('%', :lower_3,
+    '%') ESCAPE '/') OR (lower(outbox_messages.from_address) LIKE concat('%', :lower_4,
+    '%') ESCAPE '/') OR (lower(outbox_messages.subject) LIKE concat('%', :lower_5,
+    '%') ESCAPE '/') OR (lower(CAST(outbox_messages.template_data AS CHAR)) LIKE concat('%',
+    :lower_6, '%') ESCAPE '/') OR (lower(CAST(outbox_messages.headers AS CHAR)) LIKE concat('%',
+    :lower_7, '%') ESCAPE '/') OR (lower(CAST(outbox_messages.tags AS CHAR)) LIKE concat('%',
+    :lower_8, '%') ESCAPE '/') OR (lower(CAST(outbox_messages.metadata AS CHAR)) LIKE concat('%',
+    :lower_9, '%') ESCAPE '/') OR (lower(outbox_messages.last_error) LIKE concat('%', :lower_10,
+    '%') ESCAPE '/') OR (lower(CAST(outbox_messages.carried AS CHAR)) LIKE concat('%', :lower_11,
+    '%') ESCAPE '/')) AND outbox_messages.status = :status;
+
+-- name: erasure.finish --
+-- An erasure ends its run: done, or waiting for the messages a worker holds.
+-- step 1 of 2
+UPDATE erasures
+SET state=:state, updated_at=:updated_at, finished_at=:finished_at
+WHERE erasures.id = :id;
+-- step 2 of 2
+SELECT erasures.id, erasures.tenant_id, erasures.address_hash, erasures.state, erasures.progress,
+    erasures.requested_at, erasures.requested_by, erasures.updated_at, erasures.finished_at
+FROM erasures
+WHERE erasures.id = :id;
+
+-- name: erasure.get --
+-- One erasure by its id (None if there is none).
+SELECT erasures.id, erasures.tenant_id, erasures.address_hash, erasures.state, erasures.progress,
+    erasures.requested_at, erasures.requested_by, erasures.updated_at, erasures.finished_at
+FROM erasures
+WHERE erasures.id = :id;
+
+-- name: erasure.listing --
+-- Erasures, newest first.
+SELECT erasures.id, erasures.tenant_id, erasures.address_hash, erasures.state, erasures.progress,
+    erasures.requested_at, erasures.requested_by, erasures.updated_at, erasures.finished_at
+FROM erasures ORDER BY erasures.requested_at DESC, erasures.id DESC
+LIMIT :limit;
+
+
+-- === tenant_retention ======================================================================
+
+-- name: tenant_retention.put --
+-- Keep this tenant's finished messages this many days (0: never purge them).
+INSERT INTO tenant_retention (tenant_id, purge_after_days, updated_at)
+VALUES (:tenant_id, :purge_after_days, :updated_at)
+ON DUPLICATE KEY UPDATE purge_after_days = :purge_after_days_2, updated_at = :updated_at_2;
+
+-- name: tenant_retention.remove --
+-- Back to the setting; False if the tenant had no value of its own.
+DELETE FROM tenant_retention WHERE tenant_retention.tenant_id = :tenant_id;
+
+-- name: tenant_retention.all_days --
+-- Each tenant's own PURGE_AFTER_DAYS, by tenant id (the tenants without one: absent).
+SELECT tenant_retention.tenant_id, tenant_retention.purge_after_days
+FROM tenant_retention;
 
 
 -- === verifications =========================================================================

@@ -171,7 +171,7 @@ def worker_engine(settings: Settings) -> AsyncEngine:
     # No pre-ping: the worker takes every database error as "wait and retry", so a dead
     # pooled connection costs one failed batch (SQLAlchemy then drops it and the pool's
     # others of its age), not a round trip before every claim and finalize.
-    from mailbag.services.hooks import fan_out
+    from mailbag.services.erasure import engine_options
 
     return make_async_engine(
         settings.database_url,
@@ -179,7 +179,7 @@ def worker_engine(settings: Settings) -> AsyncEngine:
         timeout=settings.database_timeout_seconds,
         statement_timeout=settings.database_timeout_seconds,
         pre_ping=False,
-        execution_options=fan_out(settings).options(),
+        execution_options=engine_options(settings),
     )
 
 

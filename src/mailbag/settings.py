@@ -34,6 +34,7 @@ from pydantic_settings import (
 from mailbag import keys
 from mailbag.database_url import UnsupportedDatabase, dialect_of
 from mailbag.domain.content import BODY_MAX_BYTES, MIB
+from mailbag.domain.erasure import ErasureKey
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.routing import TENANT_ACCOUNT, InvalidRouting, Match, Route, Routing
 from mailbag.domain.verification import TOKEN_PURPOSE, Tokens
@@ -500,6 +501,14 @@ class Settings(BaseSettings):
         """The deployment's secret key; raises keys.MissingSecretKey saying what to set."""
         secret = self.secret_key.get_secret_value() if self.secret_key else None
         return keys.load(secret, self.database_url)
+
+    @cached_property
+    def erasure_key(self) -> ErasureKey | None:
+        """What erased addresses are hashed under (services/erasure.py); None without a key."""
+        try:
+            return ErasureKey.of(self.key)
+        except keys.MissingSecretKey:
+            return None
 
     @cached_property
     def verification_tokens(self) -> Tokens:

@@ -44,6 +44,7 @@ from mailbag.store import (
     deployment,
     dispatch,
     enqueue,
+    erasure,
     events,
     first_use,
     fleet_state,
@@ -57,6 +58,7 @@ from mailbag.store import (
     stats,
     suppressions,
     tenant_accounts,
+    tenant_retention,
     tenants,
     verifications,
 )
@@ -396,6 +398,54 @@ OPERATIONS: list[Operation | Statement] = [
     ),
     Operation(suppressions.count, summary="How many addresses are suppressed."),
     Operation(suppressions.among, {"pairs": [(TENANT, "ada@example.com")]}),
+    # Erasure of one person's data, and tenants' own retention
+    Operation(
+        erasure.begin,
+        {
+            "address": "ada@example.com",
+            "address_hash": "erased:" + DIGEST,
+            "tenant_id": TENANT,
+            "now": NOW,
+            "actor": "operator:cli",
+        },
+        rows=(0,),  # no unfinished erasure of it yet
+        samples={"progress": {}},
+    ),
+    Operation(
+        erasure.erase_messages,
+        {
+            "erasure_id": IDS[0],
+            "address": "ada@example.com",
+            "tenant_id": TENANT,
+            "now": NOW,
+            "actor": "operator:cli",
+            "limit": 500,
+        },
+        samples={"progress": {}, "status": Status.PENDING.value, "previous_state": "pending"},
+    ),
+    Operation(
+        erasure.erase_rows,
+        {
+            "erasure_id": IDS[0],
+            "rows": next(r for r in erasure.OTHER_ROWS if r.table.name == "email_verifications"),
+            "address": "ada@example.com",
+            "tenant_id": TENANT,
+            "now": NOW,
+            "limit": 500,
+        },
+        samples={"progress": {}, "id": IDS[1]},
+    ),
+    Operation(erasure.held_messages, {"address": "ada@example.com", "tenant_id": None}),
+    Operation(
+        erasure.finish,
+        {"erasure_id": IDS[0], "waiting": False, "now": NOW},
+        samples={"progress": {}},
+    ),
+    Operation(erasure.get, {"erasure_id": IDS[0]}, samples={"progress": {}}),
+    Operation(erasure.listing, samples={"progress": {}}),
+    Operation(tenant_retention.put, {"tenant_id": TENANT, "purge_after_days": 90.0, "now": NOW}),
+    Operation(tenant_retention.remove, {"tenant_id": TENANT}),
+    Operation(tenant_retention.all_days),
     # Verifications
     Operation(
         verifications.create,
@@ -691,6 +741,8 @@ OPERATIONS: list[Operation | Statement] = [
 PARTS = {
     "hooks.record_endpoint_outcomes": "hooks.settle (the endpoints' breakers)",
     "hooks.fan_out_config": "hooks.fan_out (a question to the connection, no SQL)",
+    "suppressions.erasure_key": "suppressions.among, .remove (a question to the connection)",
+    "suppressions.forms": "suppressions.remove, first_use.message (a question, no SQL)",
     "message_transitions.transition": "every message transition (claim, finalize, cancel...)",
     "transition.apply_transition": "message_transitions.transition, verifications.transition",
     "transition.guarded_update": "transition.apply_transition",

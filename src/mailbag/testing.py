@@ -51,7 +51,7 @@ from mailbag.domain.states import CLAIMABLE, Status
 from mailbag.providers.base import Provider
 from mailbag.providers.faults import FaultProvider
 from mailbag.providers.memory import CaptureProvider, Outbox, SentEmail, capture
-from mailbag.services.hooks import fan_out as hook_fan_out
+from mailbag.services.erasure import engine_options
 from mailbag.services.reconciliation import Reconciler, ingest
 from mailbag.settings import Settings
 from mailbag.store import migrate as _migrate
@@ -317,9 +317,7 @@ def _blocking(run: Callable[[], Coroutine[Any, Any, T]], name: str) -> T:
 
 def _engine(settings: Settings) -> AsyncEngine:
     # Events fire event hooks as in production (a message's state change, a bounce).
-    return make_async_engine(
-        settings.database_url, execution_options=hook_fan_out(settings).options()
-    )
+    return make_async_engine(settings.database_url, execution_options=engine_options(settings))
 
 
 def _answering(

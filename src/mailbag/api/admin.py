@@ -19,10 +19,13 @@ from mailbag import log
 from mailbag.api.deps import NowDep, ServicesDep, bearer
 from mailbag.api.problems import COMMON, documented, not_found, too_many_attempts, unauthorized
 from mailbag.api.schemas import Strict  # no unknown fields, nothing a database refuses
+from mailbag.domain.erasure import State
 from mailbag.domain.message import TENANT_ID_MAX, Filter, InvalidMessage
 from mailbag.domain.states import Status
 from mailbag.keys import secret_matches
+from mailbag.services import maintenance
 from mailbag.services.container import Services
+from mailbag.services.erasure import Erasures, describe, erasure_key
 from mailbag.services.messages import (
     MessageNotFound,
     decode_cursor,
@@ -589,3 +592,70 @@ async def resume(
 ) -> PauseOut:
     """Resume a provider or a tenant: the pause that was lifted (404 if it was not paused)."""
     return await _resume(svc, now, scope, target)
+
+
+# --- erasure of one person's data, and tenants' retention (services/erasure.py) --------
+
+
+class ErasureIn(Strict):
+    address: str = Field(min_length=1, max_length=320, description="The person's address.")
+    tenant_id: str | None = Field(
+        None, min_length=1, max_length=TENANT_ID_MAX, description=f"Only this tenant's. {TENANT}"
+    )
+
+
+ERASURE_RESPONSES = documented(*COMMON, 404, 409, 429)
+
+
+@router.post("/erasures", status_code=201, responses=ERASURE_RESPONSES)
+async def erase(body: ErasureIn, response: Response, svc: ServicesDep) -> dict[str, Any]:
+    """Erase one person's data (every tenant's, or one tenant's): 201 when done; 202 when
+    only messages a worker is sending right now remain: POST the same again once their lease
+    ends, and the erasure resumes. The address stays suppressed by its keyed hash."""
+    erasures = Erasures(svc.engine, erasure_key(svc.settings))
+    outcome = await erasures.run(body.address, tenant=body.tenant_id, actor=ACTOR)
+    if outcome.erasure.state != State.DONE:
+        response.status_code = 202
+    return describe(outcome.erasure, held=outcome.held)
+
+
+@router.get("/erasures", responses=RESPONSES)
+async def erasures(
+    svc: ServicesDep, limit: Annotated[int, Query(ge=1, le=500)] = 100
+) -> list[dict[str, Any]]:
+    """Erasures, newest first (their scope and counts; never the address)."""
+    found = await Erasures(svc.engine, None).listing(limit=limit)
+    return [describe(e) for e in found]
+
+
+@router.get("/erasures/{erasure_id}", responses=RESPONSES)
+async def erasure(erasure_id: uuid.UUID, svc: ServicesDep) -> dict[str, Any]:
+    found = await Erasures(svc.engine, None).get(erasure_id)
+    if found is None:
+        raise not_found("no such erasure")
+    return describe(found)
+
+
+class RetentionIn(Strict):
+    purge_after_days: float | None = Field(
+        description="Days a finished message of this tenant is kept (0: never purged); "
+        "null: the PURGE_AFTER_DAYS setting's."
+    )
+
+
+@router.put("/tenants/{tenant_id}/retention", responses=RESPONSES)
+async def set_retention(
+    tenant_id: TenantName, body: RetentionIn, svc: ServicesDep, now: NowDep
+) -> dict[str, Any]:
+    """A tenant's own PURGE_AFTER_DAYS (null: back to the setting's)."""
+    owner = await maintenance.set_retention(svc.engine, tenant_id, body.purge_after_days, now=now)
+    return {"tenant_id": owner, "purge_after_days": body.purge_after_days}
+
+
+@router.get("/retention", responses=RESPONSES)
+async def retention(svc: ServicesDep) -> dict[str, Any]:
+    """The setting's PURGE_AFTER_DAYS and each tenant's own."""
+    return {
+        "purge_after_days": svc.settings.purge_after_days,
+        "tenants": await maintenance.retention(svc.engine),
+    }

@@ -40,6 +40,7 @@ from mailbag.services import hooks as hook_service
 from mailbag.services import messages as message_service
 from mailbag.services import verification as verification_service
 from mailbag.services.container import Services
+from mailbag.services.erasure import engine_options
 from mailbag.services.operations import Operations
 from mailbag.settings import Settings, read_settings
 from mailbag.store.database import make_async_engine
@@ -85,7 +86,7 @@ def _services_while_serving(
             timeout=settings.database_timeout_seconds,
             statement_timeout=settings.database_timeout_seconds,
             pre_ping=False,
-            execution_options=hook_service.fan_out(settings).options(),
+            execution_options=engine_options(settings),
         )
         app.state.services = Services(
             settings=settings,

@@ -25,8 +25,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from mailbag import log, metrics
 from mailbag.domain.hooks import InvalidHook
 from mailbag.domain.message import InvalidMessage, MessageTooLarge
+from mailbag.services import erasure as erasure_service
 from mailbag.services import hooks as hook_service
-from mailbag.services import idempotency
+from mailbag.services import idempotency, maintenance
 from mailbag.services import messages as message_service
 from mailbag.services import pauses as pause_service
 from mailbag.services import sender_domains as domain_service
@@ -304,6 +305,10 @@ PROBLEMS: dict[type[Exception], Callable[[Any], ProblemError]] = {
         422, "invalid-pause", "Invalid pause", fields=lambda exc: {"errors": exc.errors}
     ),
     pause_service.NotPaused: ProblemType(404, "not-found", "Not found"),
+    # Erasures and retention (api/admin.py)
+    erasure_service.InvalidAddress: ProblemType(422, "invalid-address", "Invalid address"),
+    erasure_service.NoErasureKey: ProblemType(409, "no-secret-key", "No key to hash addresses"),
+    maintenance.InvalidRetention: ProblemType(422, "invalid-retention", "Invalid retention"),
     StarletteHTTPException: _http_error,
     **dict.fromkeys(DATABASE_DOWN, _database_down),
     DBAPIError: _driver_error,

@@ -47,6 +47,7 @@ COMMANDS = (
     pauses.resume,
     pauses.pauses,
     maintenance.purge,
+    maintenance.erase,
     run.worker,
     run.serve,
     run.api,

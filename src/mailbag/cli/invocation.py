@@ -93,14 +93,14 @@ def database() -> Engine:
     from mailbag.store.database import make_engine
 
     prepare()
-    return make_engine(settings().database_url, execution_options=_fan_out())
+    return make_engine(settings().database_url, execution_options=_engine_options())
 
 
-def _fan_out() -> dict[str, Any]:
-    """The execution options that tell this invocation's plans how hooks fan out."""
-    from mailbag.services.hooks import fan_out
+def _engine_options() -> dict[str, Any]:
+    """The execution options this invocation's plans read (hooks' fan-out, erasure key)."""
+    from mailbag.services.erasure import engine_options
 
-    return dict(fan_out(settings()).options())
+    return engine_options(settings())
 
 
 def operations(action: Callable[[Operations], Awaitable[T]]) -> T:
@@ -123,7 +123,7 @@ def on_async_engine(action: Callable[[AsyncEngine], Awaitable[T]]) -> T:
     url = settings().database_url
 
     async def main() -> T:
-        engine = make_async_engine(url, null_pool=True, execution_options=_fan_out())
+        engine = make_async_engine(url, null_pool=True, execution_options=_engine_options())
         try:
             return await action(engine)
         finally:

@@ -1,13 +1,17 @@
-"""Commands that keep the database in shape: the schema (`migrate`) and old rows (`purge`)."""
+"""Commands that keep the database in shape: the schema (`migrate`), old rows (`purge`) and
+one person's data (`erase`)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mailbag.cli.invocation import database, fail, prepare, settings
+from mailbag.cli.invocation import database, fail, on_async_engine, prepare, settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 
 def migrate(
@@ -67,3 +71,72 @@ def purge(
         f"purged {purged.messages} message(s), {purged.records} expired idempotency "
         f"record(s) and {purged.attachments} unused attachment(s)"
     )
+
+
+def erase(
+    address: Annotated[str, typer.Argument(metavar="ADDRESS", help="The person's address.")],
+    tenant: Annotated[
+        str | None,
+        typer.Option(metavar="TENANT", help="Only this tenant's data (id or name); default: all."),
+    ] = None,
+    wait: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            help="How long to wait for messages a worker is sending right now (default: the "
+            "lease, LEASE_SECONDS, and a margin).",
+        ),
+    ] = -1.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the erasure as JSON.")] = False,
+) -> None:
+    """Erase one person's data: every message, event, hook delivery, idempotency answer and
+    verification that quotes the address loses it and its personal content, in chunks; the
+    address stays suppressed by its keyed hash (`suppressions remove` lifts it). Run it
+    again after an interruption: it resumes."""
+    import asyncio
+    import json
+    import time
+
+    from mailbag.domain.erasure import State
+    from mailbag.services.erasure import (
+        Erasures,
+        InvalidAddress,
+        NoErasureKey,
+        Outcome,
+        checked_address,
+        describe,
+        erasure_key,
+    )
+
+    try:
+        checked_address(address)  # before anything is opened or written
+    except InvalidAddress as exc:
+        fail(str(exc))
+    config = settings()
+    patience = config.lease_seconds + 30 if wait < 0 else wait
+
+    async def run(engine: AsyncEngine) -> Outcome:
+        erasures = Erasures(engine, erasure_key(config))
+        deadline = time.monotonic() + patience
+        while True:
+            outcome = await erasures.run(address, tenant=tenant, actor="operator:cli")
+            if outcome.erasure.state != State.WAITING or time.monotonic() >= deadline:
+                return outcome
+            await asyncio.sleep(min(1.0, config.lease_seconds / 10))
+
+    try:
+        outcome = on_async_engine(run)
+    except NoErasureKey as exc:
+        fail(str(exc), code=1)
+    shown = describe(outcome.erasure, held=outcome.held)
+    if as_json:
+        typer.echo(json.dumps(shown))
+    else:
+        counts = ", ".join(f"{n} {table}" for table, n in sorted(shown["progress"].items()))
+        typer.echo(f"erasure {shown['id']}: {shown['state']} ({counts or 'nothing found'})")
+    if outcome.erasure.state != State.DONE:
+        fail(
+            f"{outcome.held} message(s) are being sent right now; run `mailbag erase` again "
+            "once their lease ends (the erasure resumes)",
+            code=1,
+        )

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from mailbag.cli.help import Command, group
-from mailbag.cli.invocation import database, fail
+from mailbag.cli.invocation import database, fail, on_async_engine
 from mailbag.cli.tenant_accounts import account
 
 tenants = group("Tenants and their API keys.")
@@ -91,3 +91,34 @@ def senders_remove(
     if not removed:
         fail(f"{address} is not a sender identity of {tenant}", code=1)
     typer.echo("removed")
+
+
+@tenants.command("retention", cls=Command)
+def retention(
+    tenant: TENANT,
+    days: Annotated[
+        str,
+        typer.Argument(
+            metavar="DAYS",
+            help="Days its finished messages are kept (0: never purged), or `default` for "
+            "the PURGE_AFTER_DAYS setting's.",
+        ),
+    ],
+) -> None:
+    """Set a tenant's own PURGE_AFTER_DAYS: the scheduler purges its finished messages after
+    that many days instead of the setting's."""
+    from mailbag.clock import utcnow
+    from mailbag.services import maintenance
+
+    if days == "default":
+        value = None
+    else:
+        try:
+            value = maintenance.checked_days(float(days))
+        except (ValueError, maintenance.InvalidRetention):
+            fail(f"DAYS must be a number of days from 0 to {maintenance.RETENTION_MAX_DAYS:g}")
+    tenant_id = on_async_engine(
+        lambda engine: maintenance.set_retention(engine, tenant, value, now=utcnow())
+    )
+    shown = "the PURGE_AFTER_DAYS setting's" if value is None else f"{value:g} day(s)"
+    typer.echo(f"{tenant_id} keeps finished messages {shown}")

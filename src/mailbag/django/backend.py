@@ -98,7 +98,7 @@ class EmailBackend(BaseEmailBackend):  # type: ignore[misc]  # Django ships no t
                 self.database,
                 built,
                 max_attempts=self.max_attempts or self.settings.max_attempts,
-                ready_from=self.settings.ready_from,
+                rules=Rules.of(self.settings),  # cheap: its parts are read once each
             )
         except Exception as exc:
             if not self.fail_silently:

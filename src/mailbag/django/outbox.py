@@ -33,17 +33,18 @@ ACTOR = "django"  # the actor of the outbox events these enqueues write
 
 
 def write(
-    alias: str,
-    messages: Sequence[NewMessage],
-    *,
-    max_attempts: int,
-    ready_from: str | None = None,
+    alias: str, messages: Sequence[NewMessage], *, max_attempts: int, rules: Rules
 ) -> list[Enqueued]:
-    """Messages services.intake checked into the outbox of Django's database `alias`, in
-    its transaction (`ready_from`: Settings.ready_from)."""
+    """Messages services.intake checked (under `rules`) into the outbox of Django's
+    database `alias`, in its transaction."""
     with transaction.atomic(using=alias), on_django_connection(alias) as conn:
         results = write_many(
-            conn, messages, max_attempts=max_attempts, actor=ACTOR, ready_from=ready_from
+            conn,
+            messages,
+            max_attempts=max_attempts,
+            actor=ACTOR,
+            erasure_key=rules.erasure_key,
+            ready_from=rules.ready_from,
         )
         if any(result.created for result in results):
             # Not wakeup.notify_after_commit: SQLAlchemy never sees Django's commit.
@@ -67,6 +68,7 @@ def enqueue(
     InvalidMessage and writes nothing when a field is wrong."""
     alias = conf.database_alias(using)
     config = conf.mailbag_settings(alias)
-    message = Rules.of(config).message(to=to, tenant_id=conf.tenant(tenant), **fields)
+    rules = Rules.of(config)
+    message = rules.message(to=to, tenant_id=conf.tenant(tenant), **fields)
     attempts = max_attempts or config.max_attempts
-    return write(alias, [message], max_attempts=attempts, ready_from=config.ready_from)[0]
+    return write(alias, [message], max_attempts=attempts, rules=rules)[0]

@@ -37,6 +37,7 @@ class Action(StrEnum):
     EXPIRE = "expire"  # the lease ran out before any finalize: the sweep
     REQUEUE = "requeue"  # an operator sends it again
     CANCEL = "cancel"  # withdrawn before any attempt
+    ERASE = "erase"  # withdrawn, tried or not, because its recipient's data was erased
     RESOLVE_SENT = "resolve_sent"  # evidence shows an unknown send was accepted
     RESOLVE_FAILED = "resolve_failed"  # evidence shows an unknown send was not accepted
     FLAG = "flag"  # no evidence came in time: an operator has to decide
@@ -65,6 +66,7 @@ TRANSITIONS: tuple[Transition[Status, Action], ...] = (
     Transition(S.PROCESSING, A.LAPSE, S.EXPIRED),
     *from_each((S.UNKNOWN, S.DEAD), A.REQUEUE, S.PENDING),
     Transition(S.PENDING, A.CANCEL, S.CANCELLED),
+    *from_each((S.PENDING, S.RETRYING), A.ERASE, S.CANCELLED),
     Transition(S.UNKNOWN, A.RESOLVE_SENT, S.SENT),
     Transition(S.UNKNOWN, A.RESOLVE_FAILED, S.FAILED),
     Transition(S.UNKNOWN, A.FLAG, S.UNKNOWN),

@@ -53,7 +53,8 @@ T = TypeVar("T")
 def fan_out(settings: Settings) -> store.FanOut:
     """How a process with these settings fans events out to hook endpoints: off while
     HOOKS_KEY is unset. Whoever builds an engine from settings (the API, the worker, the
-    CLI, mailbag.testing, the Django integration) gives it `fan_out(settings).options()`."""
+    CLI, mailbag.testing) gives it these options, with the erasure key: services.erasure
+    .engine_options(settings)."""
     return store.FanOut(enabled=settings.hooks_enabled, max_attempts=settings.hook_max_attempts)
 
 

@@ -42,6 +42,7 @@ from sqlalchemy import Connection
 
 from mailbag import providers
 from mailbag.domain.content import Limits
+from mailbag.domain.erasure import ErasureKey
 from mailbag.domain.message import (
     AddressInput,
     AddressRules,
@@ -131,6 +132,8 @@ class Rules:
     carriers: tuple[Carrier, ...] = ()
     routing: Routing | None = None
     ready_from: str | None = None  # Settings.ready_from: sender domains must be ready
+    # What erased addresses are hashed under, for connections mailbag did not make.
+    erasure_key: ErasureKey | None = None
 
     @classmethod
     def of(cls, settings: Settings, *, catalog: Catalog | None = None) -> Rules:
@@ -149,6 +152,7 @@ class Rules:
             carriers=carriers,
             routing=settings.routing if carriers else None,
             ready_from=settings.ready_from,
+            erasure_key=settings.erasure_key,
         )
 
     def message(self, *, secrets: Mapping[str, Any] | None = None, **fields: Any) -> NewMessage:
@@ -247,8 +251,13 @@ def enqueue(
     `max_attempts` defaults to the settings' MAX_ATTEMPTS."""
     rules = rules_for(settings)
     message = rules.message(to=to, **fields)
-    attempts = max_attempts or rules.max_attempts
-    return write_many(conn, [message], max_attempts=attempts, ready_from=rules.ready_from)[0]
+    return write_many(
+        conn,
+        [message],
+        max_attempts=max_attempts or rules.max_attempts,
+        erasure_key=rules.erasure_key,
+        ready_from=rules.ready_from,
+    )[0]
 
 
 async def enqueue_async(
@@ -267,6 +276,7 @@ async def enqueue_async(
         [message],
         max_attempts=max_attempts or rules.max_attempts,
         ready_from=rules.ready_from,
+        erasure_key=rules.erasure_key,
     )
     return written[0]
 
@@ -283,8 +293,13 @@ def enqueue_many(
     before anything is written."""
     rules = rules_for(settings)
     checked = [rules.check(message) for message in messages]
-    attempts = max_attempts or rules.max_attempts
-    return write_many(conn, checked, max_attempts=attempts, ready_from=rules.ready_from)
+    return write_many(
+        conn,
+        checked,
+        max_attempts=max_attempts or rules.max_attempts,
+        erasure_key=rules.erasure_key,
+        ready_from=rules.ready_from,
+    )
 
 
 async def enqueue_many_async(
@@ -297,5 +312,10 @@ async def enqueue_many_async(
     """`enqueue_many` on an AsyncConnection."""
     rules = rules_for(settings)
     checked = [rules.check(message) for message in messages]
-    attempts = max_attempts or rules.max_attempts
-    return await write_many_async(conn, checked, max_attempts=attempts, ready_from=rules.ready_from)
+    return await write_many_async(
+        conn,
+        checked,
+        max_attempts=max_attempts or rules.max_attempts,
+        erasure_key=rules.erasure_key,
+        ready_from=rules.ready_from,
+    )

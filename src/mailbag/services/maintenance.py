@@ -17,7 +17,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple
 
+from mailbag.services.tenants import tenant_id_of
 from mailbag.store import attachments, idempotency, operator, verifications
+from mailbag.store import tenant_retention as retention_store
 from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase, Database
 
@@ -28,6 +30,7 @@ if TYPE_CHECKING:  # engines are handed in, never made here
     from mailbag.settings import Settings
 
 CHUNK = 1000
+RETENTION_MAX_DAYS = 36500.0  # a tenant's PURGE_AFTER_DAYS: a hundred years at most
 ACTOR = "scheduler"  # the actor of the events these chunks write
 
 Chunk = Callable[[], Plan[int]]  # one short transaction's work: how many rows it took
@@ -39,8 +42,16 @@ class Purged(NamedTuple):
     attachments: int  # attachment contents no message referenced any more
 
 
-def finished_messages(older_than: datetime) -> Chunk:
-    return lambda: operator.purge(older_than=older_than, limit=CHUNK)
+class InvalidRetention(ValueError):
+    """A tenant's PURGE_AFTER_DAYS that is not a number of days; nothing was written."""
+
+
+def finished_messages(
+    older_than: datetime, *, tenant_id: str | None = None, other_than: frozenset[str] = frozenset()
+) -> Chunk:
+    return lambda: operator.purge(
+        older_than=older_than, limit=CHUNK, tenant_id=tenant_id, other_than=other_than
+    )
 
 
 def expired_records(now: datetime) -> Chunk:
@@ -70,6 +81,60 @@ async def purge_finished(engine: AsyncEngine, *, older_than: datetime) -> dict[s
     messages = await _in_chunks_async(engine, finished_messages(older_than))
     unused = await _in_chunks_async(engine, unused_attachments())
     return {"messages": messages, "attachments": unused}
+
+
+async def purge_by_retention(
+    engine: AsyncEngine, *, now: datetime, default_days: float
+) -> dict[str, int]:
+    """The scheduler's purge: each tenant's finished messages older than its own
+    PURGE_AFTER_DAYS, or the setting's (`default_days`) for a tenant without one (0:
+    never), then the attachments no message carries any more."""
+    async with AsyncDatabase(engine).connect(read_only=True) as session:
+        own = await session.run(retention_store.all_days())
+    messages = 0
+    for tenant_id, days in sorted(own.items()):
+        if days > 0:
+            older_than = now - timedelta(days=days)
+            messages += await _in_chunks_async(
+                engine, finished_messages(older_than, tenant_id=tenant_id)
+            )
+    if default_days > 0:
+        older_than = now - timedelta(days=default_days)
+        messages += await _in_chunks_async(
+            engine, finished_messages(older_than, other_than=frozenset(own))
+        )
+    unused = await _in_chunks_async(engine, unused_attachments())
+    return {"messages": messages, "attachments": unused}
+
+
+def checked_days(days: float) -> float:
+    if not 0 <= days <= RETENTION_MAX_DAYS or days != days:  # days != days: NaN
+        raise InvalidRetention(f"purge_after_days must be 0 to {RETENTION_MAX_DAYS:g} days")
+    return days
+
+
+async def set_retention(
+    engine: AsyncEngine, tenant: str, purge_after_days: float | None, *, now: datetime
+) -> str:
+    """A tenant's own PURGE_AFTER_DAYS (None: back to the setting); the tenant's id.
+    InvalidRetention or UnknownTenant before anything is written."""
+    if purge_after_days is not None:
+        checked_days(purge_after_days)
+    async with AsyncDatabase(engine).transaction() as tx:
+        tenant_id = await tx.run(tenant_id_of(tenant))
+        if purge_after_days is None:
+            await tx.run(retention_store.remove(tenant_id=tenant_id))
+        else:
+            await tx.run(
+                retention_store.put(tenant_id=tenant_id, purge_after_days=purge_after_days, now=now)
+            )
+    return tenant_id
+
+
+async def retention(engine: AsyncEngine) -> dict[str, float]:
+    """Each tenant's own PURGE_AFTER_DAYS, by tenant id."""
+    async with AsyncDatabase(engine).connect(read_only=True) as session:
+        return await session.run(retention_store.all_days())
 
 
 async def drop_expired_records(engine: AsyncEngine, now: datetime) -> dict[str, int]:

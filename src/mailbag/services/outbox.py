@@ -9,21 +9,23 @@ message that was created, the workers are woken (wakeup.notify_after_commit).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
 from mailbag import metrics, wakeup
 from mailbag.clock import utcnow
+from mailbag.domain.erasure import ErasureKey
 from mailbag.domain.message import NewMessage
 from mailbag.domain.policy import RetryPolicy
 from mailbag.store import enqueue as store
 from mailbag.store import sender_domains
 from mailbag.store.enqueue import Enqueued
-from mailbag.store.plan import Plan
+from mailbag.store.plan import Plan, options_of
 from mailbag.store.session import AsyncSession, Session
+from mailbag.store.suppressions import ERASURE_KEY_OPTION
 
 if TYPE_CHECKING:  # the asyncio extension brings in the ORM: sync callers never need it
     from sqlalchemy.ext.asyncio import AsyncConnection
@@ -61,6 +63,14 @@ def _written(results: list[Enqueued], conn: Connection) -> list[Enqueued]:
     return results
 
 
+def _erasure_option(options: Mapping[str, Any], key: ErasureKey | None) -> dict[str, Any]:
+    """The erasure key an application's own connection lacks (store/suppressions.py): given
+    it, enqueue refuses erased addresses there too. Nothing when it has one already."""
+    if key is None or ERASURE_KEY_OPTION in options:
+        return {}
+    return {ERASURE_KEY_OPTION: key}
+
+
 def write_many(
     conn: Connection,
     messages: Sequence[NewMessage],
@@ -69,10 +79,14 @@ def write_many(
     actor: str = "app",
     now: datetime | None = None,
     ready_from: str | None = None,
+    erasure_key: ErasureKey | None = None,
 ) -> list[Enqueued]:
     """Write messages services.intake checked (the store checks only what needs the
     database: suppressions, sender identities, idempotency keys, and with `ready_from`,
-    Settings.ready_from, sender domains' readiness)."""
+    Settings.ready_from, sender domains' readiness). `erasure_key`: the deployment's
+    (Rules.erasure_key), for a connection mailbag did not make."""
+    if extra := _erasure_option(conn.get_execution_options(), erasure_key):
+        conn.execution_options(**extra)  # in place: the caller's connection, one more option
     results = Session(conn).run(_plan(messages, max_attempts, actor, now, ready_from))
     return _written(results, conn)
 
@@ -85,8 +99,11 @@ async def write_many_async(
     actor: str = "app",
     now: datetime | None = None,
     ready_from: str | None = None,
+    erasure_key: ErasureKey | None = None,
 ) -> list[Enqueued]:
     """`write_many` on an AsyncConnection."""
+    if extra := _erasure_option(options_of(conn), erasure_key):
+        await conn.execution_options(**extra)
     plan = _plan(messages, max_attempts, actor, now, ready_from)
     results = await AsyncSession(conn).run(plan)
     return _written(results, conn.sync_connection)  # type: ignore[arg-type]

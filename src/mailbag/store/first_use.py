@@ -49,6 +49,7 @@ from mailbag.store.schema import (
     verification_sends,
 )
 from mailbag.store.schema import verification_send_counts as counts
+from mailbag.store.suppressions import forms as suppression_forms
 from mailbag.store.transition import EventSpec, history_row
 from mailbag.store.types import insert_unless_taken
 from mailbag.store.verifications import VERIFICATION_ROWS
@@ -94,6 +95,9 @@ COUNTED = chain.Write(
 # The checks' parameters (chain.run's `values`).
 TENANT = bindparam("tenant_id", type_=suppressions.c.tenant_id.type)
 ADDRESS = bindparam("address", type_=suppressions.c.email.type)  # lower case, as suppressed
+HASHED = bindparam(
+    "hashed", type_=suppressions.c.email.type
+)  # its erased form (suppressions.forms)
 EMAIL = bindparam("email", type_=ev.c.email.type)
 SINCE = bindparam("since", type_=verification_sends.c.at.type)
 SINCE_MINUTE = bindparam("since_minute", type_=counts.c.minute.type)
@@ -103,7 +107,7 @@ PER_TENANT = bindparam("per_tenant", type_=Integer())
 NOT_SUPPRESSED = chain.Check(
     "not_suppressed",
     ~select(suppressions.c.id)
-    .where(suppressions.c.tenant_id == TENANT, suppressions.c.email == ADDRESS)
+    .where(suppressions.c.tenant_id == TENANT, suppressions.c.email.in_([ADDRESS, HASHED]))
     .exists(),
 )
 NO_UNFINISHED = chain.Check(
@@ -147,10 +151,11 @@ def message(
     `record` idempotency.complete_record's. False: nothing was written; Conflict (the
     session's): a message holds the key without a record, and nothing was written either."""
     history = history_row(MESSAGE_ROWS, row, None, at=now, actor=actor, event=LAST_ERROR)
+    address, hashed = yield from suppression_forms(row["to_address"])
     return (
         yield from chain.run(
             MESSAGE_FIRST_USE,
-            values={"tenant_id": row["tenant_id"], "address": row["to_address"].lower()},
+            values={"tenant_id": row["tenant_id"], "address": address, "hashed": hashed},
             rows={"record": [record], "message": [row], "message_history": [history]},
         )
     )
@@ -196,14 +201,15 @@ def verification(
         verification_id=enqueued["id"],
         now=now,
     )
-    email = message_row["to_address"]
+    address, hashed = yield from suppression_forms(message_row["to_address"])
     history = history_row(MESSAGE_ROWS, message_row, None, at=now, actor=actor, event=LAST_ERROR)
     return (
         yield from chain.run(
             VERIFICATION_REQUEST,
             values={
                 "tenant_id": enqueued["tenant_id"],
-                "address": email.lower(),
+                "address": address,
+                "hashed": hashed,
                 "email": enqueued["email"],
                 "since": since,
                 "since_minute": verifications.minute_of(since),

@@ -4,6 +4,7 @@ resolve, flag, purge. Each is a guarded transition with its event, like the work
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -131,9 +132,16 @@ def flag(
     )
 
 
-def purge(*, older_than: datetime, limit: int = 1000) -> Plan[int]:
+def purge(
+    *,
+    older_than: datetime,
+    limit: int = 1000,
+    tenant_id: str | None = None,
+    other_than: Collection[str] = (),
+) -> Plan[int]:
     """Delete up to `limit` terminal messages (their events and attachment references too)
-    last changed before a cutoff.
+    last changed before a cutoff: of one tenant (`tenant_id`), or of every tenant but those
+    `other_than` names (the tenants that keep their own PURGE_AFTER_DAYS).
 
     Callers repeat it until it returns less than `limit`, one short transaction per chunk, so
     a large purge never holds locks for long. `unknown` messages are never purged.
@@ -141,6 +149,10 @@ def purge(*, older_than: datetime, limit: int = 1000) -> Plan[int]:
     # Exactly the predicate of the finished rows' index (migration 0012; MariaDB: (updated_at,
     # status)): each chunk reads the oldest `limit` of them in order, never sorting them all.
     old = and_(MESSAGE_ROWS.in_states(states.TERMINAL), om.c.updated_at < older_than)
+    if tenant_id is not None:
+        old = and_(old, om.c.tenant_id == tenant_id)
+    if other_than:
+        old = and_(old, om.c.tenant_id.not_in(sorted(other_than)))
     oldest = select(om.c.id).where(old).order_by(om.c.updated_at).limit(limit)
     ids = (yield Step(oldest)).scalars().all()
     if not ids:

@@ -661,6 +661,39 @@ def _hook_delivery_events(md: MetaData) -> Table:
     )
 
 
+def _erasures(md: MetaData) -> Table:
+    """Erasures of one person's data (`mailbag erase`, store/erasure.py): which address (its
+    keyed hash, never the address), of one tenant or all (NULL), how far it got (rows erased
+    per table, written with each chunk), so an interrupted erasure resumes when run again."""
+    return _table(
+        "erasures",
+        md,
+        Column("id", Uuid, primary_key=True),
+        Column("tenant_id", String(limits.TENANT_ID_MAX)),  # NULL: every tenant
+        Column("address_hash", String(100), nullable=False),
+        Column("state", String(STATUS_LENGTH), nullable=False),
+        Column("progress", json_type(), nullable=False),
+        Column("requested_at", UTCDateTime, nullable=False),
+        Column("requested_by", String(200), nullable=False),
+        Column("updated_at", UTCDateTime, nullable=False),
+        Column("finished_at", UTCDateTime),
+        Index(None, "address_hash", "tenant_id"),
+    )
+
+
+def _tenant_retention(md: MetaData) -> Table:
+    """A tenant's own PURGE_AFTER_DAYS (`mailbag tenants retention`): its finished messages
+    are purged after this many days instead of the setting's (0: never). No foreign key:
+    the `default` tenant has no row in `tenants` and may have one here."""
+    return _table(
+        "tenant_retention",
+        md,
+        Column("tenant_id", String(limits.TENANT_ID_MAX), primary_key=True),
+        Column("purge_after_days", Double, nullable=False),
+        Column("updated_at", UTCDateTime, nullable=False),
+    )
+
+
 def _is_mysql(dialect: str | None) -> bool:
     return dialect in ("mysql", "mariadb")
 
@@ -691,6 +724,8 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     _hook_endpoints(md)
     _hook_deliveries(md, dialect)
     _hook_delivery_events(md)
+    _erasures(md)
+    _tenant_retention(md)
     return md
 
 
@@ -719,6 +754,8 @@ dkim_keys = metadata.tables["dkim_keys"]
 hook_endpoints = metadata.tables["hook_endpoints"]
 hook_deliveries = metadata.tables["hook_deliveries"]
 hook_delivery_events = metadata.tables["hook_delivery_events"]
+erasures = metadata.tables["erasures"]
+tenant_retention = metadata.tables["tenant_retention"]
 _mysql_metadata = build_metadata("mysql")
 
 

@@ -1,4 +1,13 @@
-"""The suppression list: (tenant, address) pairs that must not be sent to."""
+"""The suppression list: (tenant, address) pairs that must not be sent to.
+
+An erased address (store/erasure.py) is suppressed by its keyed hash, never in clear. The
+key is a subkey of SECRET_KEY (domain.erasure.ErasureKey) that the processes mailbag builds
+carry on their engines as an execution option (ERASURE_KEY_OPTION, services.erasure
+.connection_options), so every check here (`among`, and the first-use chain through
+`forms`) and a removal by an operator find the hashed entry from the address. An
+application's own connection is given it by services.outbox.write_many (the deployment's
+Rules.erasure_key); a connection without it checks the plain addresses only.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +18,26 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 
-from mailbag.store.plan import Plan, Step, current_dialect
+from mailbag.domain.erasure import ErasureKey
+from mailbag.store.plan import Plan, Step, connection_option, current_dialect
 from mailbag.store.schema import suppressions
 from mailbag.store.types import insert_unless_taken
+
+ERASURE_KEY_OPTION = "mailbag_erasure_key"  # the execution option that carries an ErasureKey
+
+
+def erasure_key() -> Plan[ErasureKey | None]:
+    """The ErasureKey of the connection this plan runs on, if it has one."""
+    found = yield from connection_option(ERASURE_KEY_OPTION)
+    return found if isinstance(found, ErasureKey) else None
+
+
+def forms(address: str) -> Plan[tuple[str, str]]:
+    """The two forms an address is suppressed under: lower case, and its keyed hash (the
+    lower-case form again when the connection has no key)."""
+    plain = address.lower()
+    key = yield from erasure_key()
+    return plain, key.hashed(plain) if key is not None else plain
 
 
 @dataclass(frozen=True)
@@ -63,9 +89,11 @@ def add(
 
 
 def remove(*, tenant_id: str, email: str) -> Plan[bool]:
+    """Send to the address again: its plain entry, or its hashed one if it was erased."""
+    plain, hashed = yield from forms(email)
     result = yield Step(
         delete(suppressions).where(
-            suppressions.c.tenant_id == tenant_id, suppressions.c.email == email.lower()
+            suppressions.c.tenant_id == tenant_id, suppressions.c.email.in_({plain, hashed})
         )
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
@@ -92,13 +120,17 @@ def among(pairs: Iterable[tuple[str, str]]) -> Plan[frozenset[tuple[str, str]]]:
     wanted = {(tenant, email.lower()) for tenant, email in pairs}
     if not wanted:
         return frozenset()
+    key = yield from erasure_key()
+    # Each form it may be suppressed under -> the lower-case address it stands for.
+    plain_of = {email: email for _, email in wanted}
+    if key is not None:
+        plain_of.update({key.hashed(email): email for _, email in wanted})
     tenants = {tenant for tenant, _ in wanted}
-    emails = {email for _, email in wanted}
     rows = (
         yield Step(
             select(suppressions.c.tenant_id, suppressions.c.email).where(
-                suppressions.c.tenant_id.in_(tenants), suppressions.c.email.in_(emails)
+                suppressions.c.tenant_id.in_(tenants), suppressions.c.email.in_(plain_of)
             )
         )
     ).all()
-    return frozenset((row.tenant_id, row.email) for row in rows) & wanted
+    return frozenset((row.tenant_id, plain_of.get(row.email, row.email)) for row in rows) & wanted

@@ -35,7 +35,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -199,9 +199,9 @@ def _why(exc: BaseException) -> str:
 
 
 def maintenance_jobs(settings: Settings, engine: AsyncEngine) -> list[PeriodicJob]:
-    """Purge (unless PURGE_AFTER_DAYS is 0), expired idempotency records and stale
-    verifications, every MAINTENANCE_EVERY_SECONDS, on the worker's engine; sender domains'
-    DNS checks as often as DOMAIN_CHECK_EVERY_SECONDS asks."""
+    """Purge (by each tenant's PURGE_AFTER_DAYS, or the setting's), expired idempotency
+    records and stale verifications, every MAINTENANCE_EVERY_SECONDS, on the worker's
+    engine; sender domains' DNS checks as often as DOMAIN_CHECK_EVERY_SECONDS asks."""
     every = settings.maintenance_every_seconds
     jobs = [
         PeriodicJob(
@@ -220,13 +220,15 @@ def maintenance_jobs(settings: Settings, engine: AsyncEngine) -> list[PeriodicJo
             functools.partial(maintenance.expire_verifications, engine),
         ),
     ]
-    if settings.purge_after_days > 0:
-        keep = timedelta(days=settings.purge_after_days)
 
-        async def purge(now: datetime) -> Mapping[str, int]:
-            return await maintenance.purge_finished(engine, older_than=now - keep)
+    async def purge(now: datetime) -> Mapping[str, int]:
+        # Each tenant's own PURGE_AFTER_DAYS first (`mailbag tenants retention`), then the
+        # setting's for the others: a tenant may keep mail longer, or shorter, or forever.
+        return await maintenance.purge_by_retention(
+            engine, now=now, default_days=settings.purge_after_days
+        )
 
-        jobs.insert(0, PeriodicJob("purged", every, purge))
+    jobs.insert(0, PeriodicJob("purged", every, purge))
     return jobs
 
 

@@ -3,7 +3,7 @@ of their DNS records found (`sender_domains`), and each domain's keys by selecto
 private halves sealed (`dkim_keys`).
 
 Revision ID: 0018_sender_domains
-Revises: 0016_tenant_accounts
+Revises: 0017_erasure
 Create Date: 2026-12-02
 """
 
@@ -16,7 +16,7 @@ from mailbag.store.migrations.exact import table_options
 from mailbag.store.types import UTCDateTime, json_type
 
 revision = "0018_sender_domains"
-down_revision = "0016_tenant_accounts"
+down_revision = "0017_erasure"
 branch_labels = None
 depends_on = None
 
