@@ -11,10 +11,12 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+import dkim as dkimpy
 import pytest
 from pydantic import SecretStr
 
 from mailbag.compose import OutgoingEmail
+from mailbag.domain import dkim
 from mailbag.domain.content import Address, Attachment, Recipients
 from mailbag.domain.delivery import (
     Accepted,
@@ -460,3 +462,16 @@ async def test_the_registry_builds_it_from_settings_with_the_us_api_by_default(
         assert isinstance(await built.send(outgoing_email(0)), Accepted)
     finally:
         await built.aclose()
+
+
+async def test_a_signed_email_arrives_at_mailgun_as_mime_whose_signature_verifies(
+    mailgun_api: MailgunServer, provider: MailgunProvider
+) -> None:
+    pair = dkim.generate(dkim.Algorithm.ED25519)
+    key = dkim.SigningKey("example.com", "s1", pair.algorithm, pair.private)
+    sent = full_email(from_email="billing@example.com", dkim=key)
+
+    assert isinstance(await provider.send(sent), Accepted)
+    (delivery,) = mailgun_api.delivered()
+    assert delivery.mime.startswith(b"DKIM-Signature: ") and delivery.mime == sent.raw
+    assert dkimpy.verify(delivery.mime, dnsfunc=lambda name, timeout=5: pair.record.encode())

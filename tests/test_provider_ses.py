@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import botocore.session
+import dkim as dkimpy
 import pytest
 from botocore.exceptions import (
     ClientError,
@@ -34,6 +35,7 @@ from moto.server import ThreadedMotoServer
 from moto.ses.models import ses_backends
 from moto.sesv2.responses import SESV2Response
 
+from mailbag.domain import dkim
 from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rejected, Throttled
 from mailbag.providers import create
 from mailbag.providers.ses import MESSAGE_ID_TAG, TENANT_ID_TAG, SESProvider, outcome_for
@@ -546,3 +548,23 @@ def test_ambiguous_outcomes_are_not_keyed_because_ses_has_no_idempotency_key() -
     outcome = outcome_for(ReadTimeoutError(endpoint_url="https://email.example"))
     assert isinstance(outcome, Ambiguous)
     assert outcome.keyed is False
+
+
+async def test_a_signed_email_arrives_at_ses_with_a_signature_that_verifies(
+    moto_url: str,
+    verified_sender: str,
+    moto_send_requests: list[dict[str, Any]],
+    make_provider: ProviderFactory,
+) -> None:
+    domain = verified_sender.rpartition("@")[2]
+    pair = dkim.generate(dkim.Algorithm.RSA)
+    key = dkim.SigningKey(domain, "s1", pair.algorithm, pair.private)
+    sent = outgoing_email(1, from_email=verified_sender, dkim=key)
+
+    outcome = await make_provider(moto_url).send(sent)
+
+    assert isinstance(outcome, Accepted)
+    (request,) = moto_send_requests
+    arrived = base64.b64decode(request["Content"]["Raw"]["Data"])
+    assert arrived.startswith(b"DKIM-Signature: ") and arrived == sent.raw
+    assert dkimpy.verify(arrived, dnsfunc=lambda name, timeout=5: pair.record.encode())
