@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -147,8 +149,8 @@ def test_a_failed_lookup_names_the_record_and_the_resolver(cli: Any, dns: DnsSer
     assert found["dkim"]["state"] == "ok"
     assert found["spf"]["state"] == "unchecked"
     assert found["spf"]["fix"] == (
-        f"the lookup failed: TXT example.com: no server answered it (SERVFAIL or REFUSED): "
-        f"{dns.nameservers}"
+        "the lookup failed: TXT example.com: no server gave a usable answer "
+        f"(SERVFAIL, REFUSED or a malformed reply): {dns.nameservers}"
     )
     assert found["dmarc"]["state"] == "unchecked"
     assert found["dmarc"]["fix"] == (
@@ -488,3 +490,33 @@ async def test_the_console_shows_each_domains_readiness_and_checks_it_again(
         assert "missing (dmarc)" in done.text and "publish TXT _dmarc.example.net" in done.text
         gone = await client.post("/admin/domains/check", data={**form, "domain": "nothing.example"})
         assert gone.status_code == 404 and "Nothing was checked" in gone.text
+
+
+def test_a_malformed_dns_answer_is_a_failed_lookup_naming_the_resolver(
+    db: TestDB, cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that answers every question with bytes that are not DNS."""
+    garbage = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    garbage.bind(("127.0.0.1", 0))
+    port = garbage.getsockname()[1]
+
+    def answer() -> None:
+        while True:
+            try:
+                question, client = garbage.recvfrom(512)
+            except OSError:
+                return
+            garbage.sendto(question[:2] + b"\x81\x80 not a dns answer", client)
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        assert cli("add", "default", "example.com").exit_code == 0
+        monkeypatch.setenv("MAILBAG_DNS_NAMESERVERS", f"127.0.0.1:{port}")
+        result = cli("check", "default", "example.com", "--json")
+    finally:
+        garbage.close()
+    assert result.exit_code == 1, result.output
+    findings = json.loads(result.stdout)["findings"]
+    assert [f["state"] for f in findings] == ["unchecked"] * 3
+    assert all(f"127.0.0.1:{port}" in f["fix"] for f in findings), findings
+    assert "Traceback" not in result.output

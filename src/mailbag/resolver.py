@@ -157,7 +157,8 @@ class TxtResolver:
             raise LookupFailed(f"TXT {name}: no answer from {self.servers} in time") from None
         except dns.resolver.NoNameservers:
             raise LookupFailed(
-                f"TXT {name}: no server answered it (SERVFAIL or REFUSED): {self.servers}"
+                f"TXT {name}: no server gave a usable answer "
+                f"(SERVFAIL, REFUSED or a malformed reply): {self.servers}"
             ) from None
         except dns.exception.DNSException as exc:  # SERVFAIL, a malformed reply, ...
             reason = type(exc).__name__
