@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import quote
 
 from mailbag.domain import dkim
+from mailbag.domain.bulk import UnsubscribeLinks, bulk_headers, is_bulk
 from mailbag.domain.content import Address, Attachment, Recipients, unresolved_cid
 from mailbag.domain.dkim import SigningKey
 from mailbag.domain.message import (
@@ -244,13 +245,16 @@ def compose(
     secrets: Callable[[Message], Mapping[str, Any]] | None = None,
     contents: Mapping[str, bytes] | None = None,
     signing: Mapping[tuple[str, str], SigningKey] | None = None,
+    unsubscribe: UnsubscribeLinks | None = None,
 ) -> OutgoingEmail:
     """Render and assemble one email. Raises TemplateError when the template cannot render.
 
     `secrets` gives the template fields that are never stored (a verification's token and
     link): they join the data only here, for this rendering. `contents` holds the bytes
     of the message's attachments by SHA-256 (the store reads them with the claim).
-    `signing`: the sender domains' keys by (tenant, domain); the From's signs the MIME."""
+    `signing`: the sender domains' keys by (tenant, domain); the From's signs the MIME.
+    A bulk message (domain.bulk) gets its headers, and `unsubscribe`'s one-click link when
+    it has no unsubscribe URL of its own."""
     contents = contents or {}
     if message.template_name is None:  # ready-made: checked and completed at enqueue
         subject, html, text = message.subject or "", message.html or "", message.text or ""
@@ -260,6 +264,12 @@ def compose(
         subject, html, text = rendered.subject, rendered.html, rendered.text
     from_email = message.from_address or default_from_email
     from_name = default_from_name if message.from_address is None else message.from_name
+    headers, unsubscribe_url = dict(message.headers), message.unsubscribe_url
+    if is_bulk(message.tags):
+        headers |= bulk_headers(headers, message.tenant_id, message.template_name)
+        if unsubscribe_url is None and unsubscribe is not None:
+            to = message.all_recipients.to[0].address  # the one the store indexes
+            unsubscribe_url = unsubscribe.link(message.tenant_id, to, str(message.id))
     return OutgoingEmail(
         message_id=message.id,
         attempt=message.attempt,
@@ -272,14 +282,14 @@ def compose(
         text=text,
         rfc_message_id=rfc_message_id(message.id, message_id_domain),
         date=now,
-        headers=dict(message.headers),
+        headers=headers,
         tags=list(message.tags),
         reply_to=message.reply_to,
         attachments=tuple(
             Attachment(ref.filename, ref.content_type, contents[ref.sha256], ref.content_id)
             for ref in message.attachments
         ),
-        unsubscribe_url=message.unsubscribe_url,
+        unsubscribe_url=unsubscribe_url,
         unsubscribe_mailto=message.unsubscribe_mailto,
         dkim=(
             dkim.signing_key(signing, message.tenant_id, from_email, DEFAULT_TENANT)

@@ -43,9 +43,11 @@ if TYPE_CHECKING:
     from pydantic import ValidationInfo
 
     from mailbag.domain.breaker import Breaker
+    from mailbag.domain.bulk import UnsubscribeLinks
     from mailbag.domain.hooks.urls import Policy as HookUrlPolicy
 
 MIN_ADMIN_PASSWORD_LENGTH = 12
+UNSUBSCRIBE_PURPOSE = "unsubscribe-links"  # the subkey's purpose (keys.derive)
 SECRET_SETTINGS = (
     "secret_key",
     "admin_password",
@@ -323,6 +325,11 @@ class Settings(BaseSettings):
     # each domain this often.
     require_ready_domains: bool = False
     domain_check_every_seconds: float = Field(3600.0, gt=0)
+    # Where recipients reach this deployment's API (https://mail.example.com): mailbag's
+    # own one-click unsubscribe links for bulk mail live under it. Unset: none are made, and
+    # with REQUIRE_UNSUBSCRIBE_FOR_BULK a bulk message must bring its own target.
+    public_url: str | None = None
+    require_unsubscribe_for_bulk: bool = False
 
     @field_validator(*SECRET_SETTINGS, mode="before")
     @classmethod
@@ -354,6 +361,23 @@ class Settings(BaseSettings):
         if isinstance(value, str) and value.strip()[-1:] in spans.UNITS:
             return spans.parse(value)
         return value
+
+    @field_validator("public_url", mode="before")
+    @classmethod
+    def _public_url(cls, value: object) -> object:
+        from urllib.parse import urlsplit
+
+        if isinstance(value, str) and not value.strip():
+            return None
+        if not isinstance(value, str):
+            return value
+        parts = urlsplit(value.strip())
+        local = parts.hostname in ("localhost", "127.0.0.1", "::1")
+        if parts.scheme != "https" and not (parts.scheme == "http" and local):
+            raise ValueError("must be an https:// URL (http:// only for localhost)")
+        if not parts.hostname or parts.query or parts.fragment:
+            raise ValueError("must be a base URL: https://host[:port][/path], no query")
+        return value.strip().rstrip("/")
 
     @field_validator("dns_nameservers")
     @classmethod
@@ -509,6 +533,20 @@ class Settings(BaseSettings):
             return ErasureKey.of(self.key)
         except keys.MissingSecretKey:
             return None
+
+    @cached_property
+    def unsubscribe_links(self) -> UnsubscribeLinks | None:
+        """mailbag's own one-click unsubscribe links (PUBLIC_URL, signed with a subkey of
+        the deployment key); None without PUBLIC_URL or a key."""
+        from mailbag.domain.bulk import UnsubscribeLinks
+
+        if self.public_url is None:
+            return None
+        try:
+            key = self.key
+        except keys.MissingSecretKey:
+            return None
+        return UnsubscribeLinks(self.public_url, keys.derive(key, UNSUBSCRIBE_PURPOSE))
 
     @cached_property
     def verification_tokens(self) -> Tokens:

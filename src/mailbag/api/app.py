@@ -23,6 +23,7 @@ from mailbag.api import (
     hooks,
     messages,
     scrape,
+    unsubscribe,
     verifications,
     webhooks,
 )
@@ -116,6 +117,7 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(admin.router)
     app.include_router(hooks.router)
     app.include_router(health.router)
+    app.include_router(unsubscribe.router)
     scrape.install(app, settings.metrics_cache_seconds)
     app.state.sns_certificates = webhooks.SnsCertificates(settings.sns_cert_hosts)
     app.state.confirm_subscription = webhooks.confirm_subscription

@@ -137,7 +137,7 @@ def _item(
         if given.idempotency_key is not None and given.idempotency_key in keys:
             first = keys[given.idempotency_key]
             raise InvalidMessage({"idempotency_key": f"item {first} of this batch has it too"})
-        message = message_from(given, svc, tenant_id=tenant, key=given.idempotency_key)
+        message = message_from(given, svc, tenant_id=tenant, key=given.idempotency_key, bulk=True)
     except InvalidMessage as exc:  # MessageTooLarge too
         return Item(None, _problem(exc), raw)
     if given.idempotency_key is not None:

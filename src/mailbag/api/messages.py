@@ -20,6 +20,7 @@ from mailbag.api.schemas import (
     MessageOut,
     MessagePage,
 )
+from mailbag.domain.bulk import with_bulk_tag
 from mailbag.domain.content import Address, Attachment, Limits, guess_content_type
 from mailbag.domain.message import (
     ANY_ADDRESS,
@@ -58,14 +59,17 @@ async def create_message(body: MessageCreate, call: CallDep, response: Response)
 
 
 def message_from(
-    body: MessageCreate, svc: Services, *, tenant_id: str, key: str | None
+    body: MessageCreate, svc: Services, *, tenant_id: str, key: str | None, bulk: bool = False
 ) -> NewMessage:
     """The message a request body asks for, through services.intake with the API's settings
     and templates (InvalidMessage, MessageTooLarge): POST /v1/messages and each item of a
-    batch."""
+    batch (`bulk`: tagged as bulk mail, domain/bulk.py)."""
     rules = intake.Rules.of(svc.settings, catalog=svc.catalog)
+    given = {name: getattr(body, name) for name in AS_GIVEN}
+    if bulk:
+        given["tags"] = with_bulk_tag(given.get("tags"))
     return rules.message(
-        **{name: getattr(body, name) for name in AS_GIVEN},
+        **given,
         to=_mailboxes(body.to) or [],
         cc=_mailboxes(body.cc),
         bcc=_mailboxes(body.bcc),

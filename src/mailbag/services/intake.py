@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from mailbag import providers
+from mailbag.domain.bulk import unsubscribe_problem
 from mailbag.domain.content import Limits
 from mailbag.domain.erasure import ErasureKey
 from mailbag.domain.message import (
@@ -132,6 +133,9 @@ class Rules:
     carriers: tuple[Carrier, ...] = ()
     routing: Routing | None = None
     ready_from: str | None = None  # Settings.ready_from: sender domains must be ready
+    # REQUIRE_UNSUBSCRIBE_FOR_BULK, and whether mailbag makes its own links (PUBLIC_URL).
+    require_unsubscribe: bool = False
+    makes_unsubscribe_links: bool = False
     # What erased addresses are hashed under, for connections mailbag did not make.
     erasure_key: ErasureKey | None = None
 
@@ -152,6 +156,8 @@ class Rules:
             carriers=carriers,
             routing=settings.routing if carriers else None,
             ready_from=settings.ready_from,
+            require_unsubscribe=settings.require_unsubscribe_for_bulk,
+            makes_unsubscribe_links=settings.public_url is not None,
             erasure_key=settings.erasure_key,
         )
 
@@ -170,6 +176,15 @@ class Rules:
             fields.setdefault("address_rules", self.address_rules)
             fields.setdefault("limits", self.limits)
             message = new_message(**fields)
+        if self.require_unsubscribe and (
+            problem := unsubscribe_problem(
+                message.tags,
+                message.unsubscribe_url,
+                message.unsubscribe_mailto,
+                self.makes_unsubscribe_links,
+            )
+        ):
+            raise InvalidMessage({"unsubscribe_url": problem})
         rendered = message
         if secrets:
             rendered = replace(message, template_data={**message.template_data, **secrets})

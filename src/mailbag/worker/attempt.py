@@ -161,6 +161,7 @@ class Sender:
                     secrets=config.tokens.secrets_for if config.tokens else None,
                     contents=contents,
                     signing=self.fleet.signing_keys,
+                    unsubscribe=config.unsubscribe,
                 )
             except TemplateError as exc:
                 self._decided(progress, message, Rejected(str(exc)))

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mailbag.domain.breaker import Breaker
+from mailbag.domain.bulk import UnsubscribeLinks
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.verification import Tokens
 from mailbag.settings import Settings
@@ -37,6 +38,8 @@ class WorkerConfig:
     provider_breaker: Breaker = field(default_factory=Breaker)
     # Derives verification tokens at render time; without it a verification email fails.
     tokens: Tokens | None = None
+    # mailbag's own one-click unsubscribe links for bulk mail (PUBLIC_URL); None: none.
+    unsubscribe: UnsubscribeLinks | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> WorkerConfig:
@@ -56,6 +59,7 @@ class WorkerConfig:
             "provider_breaker": settings.provider_breaker,
             # Raises MissingSecretKey: a worker without the key refuses to start.
             "tokens": settings.verification_tokens,
+            "unsubscribe": settings.unsubscribe_links,
         }
         values.update(overrides)
         return cls(**values)
