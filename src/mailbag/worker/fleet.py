@@ -14,6 +14,8 @@ shares about them (their breakers, operators' pauses: store/fleet_state.py).
   then, when there is something to write, or every TOLD_RECHECK_SECONDS.
 - A message none of whose providers is available waits, no attempt spent, until the first
   of them may be tried again (`wait_until`).
+- The sender domains' signing keys (worker/signing.py) are read in the same exchange, at
+  most every 30 s, and at the next one after a change is announced.
 """
 
 from __future__ import annotations
