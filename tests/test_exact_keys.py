@@ -9,10 +9,10 @@ different mailbox. PostgreSQL and SQLite compare exactly; now MariaDB does too.
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import JSON, text
 
 from api_helpers import api_client, new_tenant
-from mailbag.store.schema import CASELESS, EXACT
+from mailbag.store.schema import CASELESS, EXACT, metadata
 
 from helpers import enqueue
 
@@ -77,7 +77,19 @@ def test_every_text_column_on_mariadb_compares_exactly_but_the_recipient(db):
         ).all()
     assert len(collations) > 40  # every table's text columns
     exact = EXACT["mariadb" if db.engine.dialect.is_mariadb else "mysql"]
-    loose = {(t, c): coll for t, c, coll in collations if coll != exact}
+    # MariaDB gives a JSON column of a table created after 0013 its own utf8mb4_bin: binary
+    # too (only trailing spaces pad), and a document is never compared as a key.
+    documents = {
+        (table.name, column.name)
+        for table in metadata.tables.values()
+        for column in table.columns
+        if isinstance(column.type, JSON)
+    }
+    loose = {
+        (t, c): coll
+        for t, c, coll in collations
+        if coll != exact and not ((t, c) in documents and coll == "utf8mb4_bin")
+    }
     assert loose == {("outbox_messages", "to_address"): CASELESS}
 
 
