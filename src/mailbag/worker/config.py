@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mailbag.domain.breaker import Breaker
+from mailbag.domain.domain_shaping import Shaping
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.verification import Tokens
 from mailbag.settings import Settings
@@ -37,6 +38,8 @@ class WorkerConfig:
     provider_breaker: Breaker = field(default_factory=Breaker)
     # Derives verification tokens at render time; without it a verification email fails.
     tokens: Tokens | None = None
+    # DOMAIN_SHAPING's numbers (None: off): deferring recipient domains are slowed down.
+    domain_shaping: Shaping | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> WorkerConfig:
@@ -56,6 +59,7 @@ class WorkerConfig:
             "provider_breaker": settings.provider_breaker,
             # Raises MissingSecretKey: a worker without the key refuses to start.
             "tokens": settings.verification_tokens,
+            "domain_shaping": settings.shaping,
         }
         values.update(overrides)
         return cls(**values)
