@@ -334,6 +334,7 @@ def test_worker_processes_slow_a_domain_the_smtp_server_defers_and_not_the_other
         try:
             enqueue_to(db, [at(SLOW, 0)])
             wait_for(lambda: bool(shaped_now(db)), 30, "the deferral recorded")
+            time.sleep(0.5)  # every worker reads it within a poll interval (0.2 s)
             enqueue_to(db, [at(SLOW, i) for i in range(1, 6)] + [at(FAST, i) for i in range(30)])
             wait_for(lambda: status_counts(db) == {"sent": 36}, 60, "every message sent")
             slow, fast = smtp.of(SLOW), smtp.of(FAST)

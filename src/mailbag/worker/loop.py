@@ -12,6 +12,10 @@ in one statement (worker/rate.py); each chunk leaves at its last message's slot,
 holds at most HORIZON_SECONDS' worth of the rate, and claiming waits while the fleet's
 schedule runs further ahead than that. A throttled send is released (no attempt spent)
 and lowers the fleet's rate; without PROVIDER_RATE it pauses this worker's claims instead.
+
+Under DOMAIN_SHAPING (worker/shaping.py) a recipient domain's deferral (a throttle naming
+the domain too) slows that domain for the fleet, and nothing else; a claim's messages of a
+slowed domain whose slot is not due are handed back unsent (no attempt spent), due at it.
 """
 
 from __future__ import annotations
