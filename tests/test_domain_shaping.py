@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from mailbag.domain import domain_shaping as rules
 from mailbag.domain import rate
@@ -275,6 +275,41 @@ async def test_a_deferring_domain_is_slowed_for_the_fleet_while_another_goes_at_
     finally:
         for engine in engines:
             await engine.dispose()
+
+
+async def test_recipients_that_never_defer_cost_one_read_a_poll_interval_and_nothing_a_message(
+    db, async_engine
+) -> None:
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "recipient_domain_rates" in statement:
+            statements.append(statement)
+
+    event.listen(async_engine.sync_engine, "before_cursor_execute", seen)
+    enqueue_to(db, [at(FAST, i) for i in range(60)])
+    worker = shaping_worker(async_engine, MemoryProvider(), "w-quiet", SHAPING)
+    started = time.monotonic()
+    await run_worker_until(worker, lambda: status_counts(db) == {"sent": 60}, timeout=20)
+    polls = (time.monotonic() - started) / worker.config.poll_interval
+    assert statements and all(s.lstrip().upper().startswith(("SELECT", "WITH")) for s in statements)
+    assert len(statements) <= polls + 2  # the read, once a poll interval: no reservation
+
+
+async def test_a_throttle_naming_the_recipients_domain_slows_that_domain_not_the_worker(
+    db, async_engine
+) -> None:
+    def script(email: Any, nth: int) -> Any:
+        if nth == 1 and email.recipients.to[0].address.endswith(SLOW):
+            return Throttled(f"429 too many messages to {SLOW}, slow down")
+        return Accepted(f"mem-{email.message_id}-{nth}")
+
+    enqueue_to(db, [at(SLOW, 0)])
+    worker = shaping_worker(async_engine, MemoryProvider(script), "w-throttled", SHAPING)
+    await run_worker_until(worker, lambda: status_counts(db) == {"sent": 1}, timeout=20)
+    assert list(shaped_now(db)) == [SLOW]
+    assert worker.paused_until == 0.0  # its claims were never paused for the provider
+    assert attempts_by_address(db) == {at(SLOW, 0): 1}  # a throttle spends no attempt
 
 
 # --- worker processes against a real SMTP server ------------------------------------------
