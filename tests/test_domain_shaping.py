@@ -32,7 +32,7 @@ from mailbag.templates import builtin
 from mailbag.worker import Worker, WorkerConfig
 from servers import mailbag_env, start_mailbag, stop
 
-from helpers import enqueue, run_worker_until, status_counts
+from helpers import enqueue, run_worker_until, status_counts, wait_for
 from memory_provider import MemoryProvider
 from smtp_server import ReceivedMessage, RecordingSMTPServer
 
@@ -329,15 +329,6 @@ class TimedSMTPServer(RecordingSMTPServer):
 
     def of(self, domain: str) -> list[float]:
         return sorted(t for d, t in self.arrivals if d == domain)
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow
