@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import event, select, update
 
 from mailbag.domain import domain_shaping as rules
 from mailbag.domain import rate
@@ -22,11 +22,12 @@ from mailbag.domain.domain_shaping import Shaping, View
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.rate import FLOATS, Grant
 from mailbag.providers.smtp import Failure, Phase, SMTPProvider, StepFailed
+from mailbag.services import maintenance
 from mailbag.settings import InvalidSettings, read_settings
 from mailbag.store import domain_rates as store
 from mailbag.store.database import READ_ONLY
 from mailbag.store.plan import run
-from mailbag.store.schema import message_events, outbox_messages
+from mailbag.store.schema import message_events, outbox_messages, recipient_domain_rates
 from mailbag.store.session import Database
 from mailbag.templates import builtin
 from mailbag.worker import Worker, WorkerConfig
@@ -182,6 +183,25 @@ def test_a_deferral_seen_through_one_connection_slows_the_domain_for_every_other
     finally:
         for replica in replicas:
             replica.engine.dispose()
+
+
+async def test_the_housekeeping_forgets_domains_quiet_for_a_day_and_keeps_the_others(
+    db, async_engine
+) -> None:
+    with Database(db.engine).transaction() as tx:
+        for domain in (SLOW, FAST, "quiet.example.org"):
+            tx.run(store.defer(domain=domain, shaping=SHAPING, settle=3.0))
+    with db.engine.begin() as conn:  # one quiet for a day and a minute, one for an hour
+        for domain, quiet in (("quiet.example.org", 86460.0), (FAST, 3600.0)):
+            conn.execute(
+                update(recipient_domain_rates)
+                .where(recipient_domain_rates.c.domain == domain)
+                .values(lowered_until=recipient_domain_rates.c.lowered_until - 60.0 - quiet)
+            )
+    assert await maintenance.forget_quiet_domains(async_engine, datetime.now(UTC)) == {"domains": 1}
+    with db.engine.connect() as conn:
+        kept = set(conn.execute(select(recipient_domain_rates.c.domain)).scalars())
+    assert kept == {SLOW, FAST} and list(shaped_now(db)) == [SLOW]
 
 
 # --- two workers, each on its own connections ----------------------------------------------

@@ -1699,6 +1699,20 @@ SELECT recipient_domain_rates.next_slot_at, recipient_domain_rates.lowered_rate,
 FROM recipient_domain_rates
 WHERE recipient_domain_rates.domain = :domain;
 
+-- name: domain_rates.forget --
+-- Delete up to `limit` rows of domains no longer slowed for FORGET_AFTER_SECONDS (a domain that
+-- defers again gets a new row); how many were deleted.
+-- step 1 of 2
+SELECT recipient_domain_rates.domain
+FROM recipient_domain_rates
+WHERE recipient_domain_rates.lowered_until < UNIX_TIMESTAMP(NOW(6)) - :UNIX_TIMESTAMP_NOW_6
+LIMIT :limit;
+-- step 2 of 2
+DELETE
+FROM recipient_domain_rates
+WHERE recipient_domain_rates.domain IN (:domain_1)
+    AND recipient_domain_rates.lowered_until < UNIX_TIMESTAMP(NOW(6)) - :UNIX_TIMESTAMP_NOW_6;
+
 
 -- === fleet_state ===========================================================================
 

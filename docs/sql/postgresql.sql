@@ -1938,6 +1938,26 @@ FROM clock) AS now
 FROM recipient_domain_rates
 WHERE recipient_domain_rates.domain = :domain;
 
+-- name: domain_rates.forget --
+-- Delete up to `limit` rows of domains no longer slowed for FORGET_AFTER_SECONDS (a domain that
+-- defers again gets a new row); how many were deleted.
+-- step 1 of 2
+WITH clock AS
+(SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
+SELECT recipient_domain_rates.domain
+FROM recipient_domain_rates
+WHERE recipient_domain_rates.lowered_until < (SELECT clock.now
+FROM clock) - :value
+LIMIT :limit;
+-- step 2 of 2
+WITH clock AS
+(SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
+DELETE
+FROM recipient_domain_rates
+WHERE recipient_domain_rates.domain IN (:domain_1)
+    AND recipient_domain_rates.lowered_until < (SELECT clock.now
+FROM clock) - :value;
+
 
 -- === fleet_state ===========================================================================
 

@@ -1571,6 +1571,22 @@ SELECT recipient_domain_rates.next_slot_at, recipient_domain_rates.lowered_rate,
 FROM recipient_domain_rates
 WHERE recipient_domain_rates.domain = :domain;
 
+-- name: domain_rates.forget --
+-- Delete up to `limit` rows of domains no longer slowed for FORGET_AFTER_SECONDS (a domain that
+-- defers again gets a new row); how many were deleted.
+-- step 1 of 2
+SELECT recipient_domain_rates.domain
+FROM recipient_domain_rates
+WHERE recipient_domain_rates.lowered_until < (julianday(:julianday) - :julianday_2) * :value -
+    :value_2
+LIMIT :limit OFFSET :offset;
+-- step 2 of 2
+DELETE
+FROM recipient_domain_rates
+WHERE recipient_domain_rates.domain IN (:domain_1)
+    AND recipient_domain_rates.lowered_until < (julianday(:julianday) - :julianday_2) * :value -
+    :value_2;
+
 
 -- === fleet_state ===========================================================================
 

@@ -598,6 +598,7 @@ OPERATIONS: list[Operation | Statement] = [
         rows=(0,),  # its first deferral: the row is made
     ),
     Operation(domain_rates.schedule, {"domain": "example.com"}),
+    Operation(domain_rates.forget, {"limit": 1000}),
     # The fleet's state: providers' breakers, operators' pauses (worker/fleet.py)
     Operation(fleet_state.read, summary="Every provider's breaker and every pause."),
     Operation(

@@ -50,6 +50,7 @@ SETTLE_SECONDS = 2.0
 GO_SECONDS = 0.5  # a slot this close is sent at once: half a second's worth in a burst
 HORIZON_SECONDS = 10.0  # slots are held this far ahead at most; later ones wait in line
 DOMAIN_MAX = 253  # a DNS name's length, recipient_domain_rates.domain's width
+FORGET_AFTER_SECONDS = 86400.0  # a domain's row is deleted once quiet this long
 
 # What a release says: HELD marks a message that holds its slot (holds_slot reads it back).
 HELD = "holds a send slot of its recipient domain"

@@ -9,11 +9,13 @@ poll interval (domain.domain_shaping has the rules).
   PostgreSQL and SQLite, a locked read and an update on MariaDB (as for PROVIDER_RATE).
 - `shaped` is the domains still lowered: an index range on `lowered_until`, empty (and
   cheap) for a deployment whose recipients never defer.
+- `forget` deletes the rows of domains quiet for FORGET_AFTER_SECONDS (the scheduler's
+  housekeeping): the table holds the domains deferring lately, not every one that ever did.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from mailbag.domain import domain_shaping as rules
 from mailbag.domain.domain_shaping import Shaping
@@ -72,3 +74,16 @@ def shaped() -> Plan[dict[str, tuple[Bucket, float]]]:
 def schedule(*, domain: str) -> Plan[tuple[Bucket, float] | None]:
     """`domain`'s row and the database's time: what an operator (or a test) looks at."""
     return (yield from rate.read_schedule(DOMAINS, domain))
+
+
+def forget(*, limit: int = 1000) -> Plan[int]:
+    """Delete up to `limit` rows of domains no longer slowed for FORGET_AFTER_SECONDS (a
+    domain that defers again gets a new row); how many were deleted."""
+    dialect = yield from current_dialect()
+    quiet = rdr.c.lowered_until < rate.database_now(dialect) - rules.FORGET_AFTER_SECONDS
+    found = (yield Step(select(rdr.c.domain).where(quiet).limit(limit))).scalars().all()
+    if not found:
+        return 0
+    # Still quiet: one that deferred since it was read keeps its row.
+    result = yield Step(delete(rdr).where(rdr.c.domain.in_(found), quiet))
+    return int(result.rowcount)  # type: ignore[attr-defined]
