@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -357,3 +358,14 @@ def message_row(
         "updated_at": at,
         **columns,
     }
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> None:
+    """Poll `condition` (from a test's thread) until it holds; AssertionError after
+    `timeout` seconds, naming `what` was awaited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

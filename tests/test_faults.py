@@ -118,7 +118,7 @@ async def test_a_provider_failure_waits_and_then_sends_once_with_one_attempt(
     assert row.attempt_count == 1
     waits = [e for e in events(db, mid) if e.from_status == "processing" and e.to_status != "sent"]
     assert len(waits) == 2
-    assert all(e.detail.endswith("(waits for its provider; no attempt spent)") for e in waits)
+    assert all(e.detail.endswith("(waits; no attempt spent)") for e in waits)
 
 
 async def test_a_partial_batch_sends_the_taken_once_and_the_others_by_their_outcome(

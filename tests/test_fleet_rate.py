@@ -33,7 +33,7 @@ from mailbag.templates import builtin
 from mailbag.worker import Worker, WorkerConfig
 from servers import mailbag_env, start_mailbag, stop
 
-from helpers import enqueue, run_worker_until, status_counts
+from helpers import enqueue, run_worker_until, status_counts, wait_for
 from memory_provider import MemoryProvider, accept_all
 from smtp_server import ReceivedMessage, RecordingSMTPServer
 
@@ -392,15 +392,6 @@ class TimedSMTPServer(RecordingSMTPServer):
     def _record(self, message: ReceivedMessage) -> None:
         self.arrival_times.append(time.monotonic())
         super()._record(message)
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow

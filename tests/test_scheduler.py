@@ -301,7 +301,12 @@ def test_the_purge_job_runs_even_when_purge_after_days_is_zero(tmp_path):
     engine: Any = None  # the jobs only capture it
     on = maintenance_jobs(Settings(database_url=url, purge_after_days=30), engine)
     off = maintenance_jobs(Settings(database_url=url, purge_after_days=0), engine)
-    others = ["sender_domains_checked", "idempotency_records_expired", "verifications_expired"]
+    others = [
+        "sender_domains_checked",
+        "idempotency_records_expired",
+        "verifications_expired",
+        "recipient_domains_forgotten",
+    ]
     assert [job.name for job in on] == ["purged", *others]
     assert [job.name for job in off] == ["purged", *others]
 

@@ -141,7 +141,7 @@ async def test_a_provider_outage_longer_than_the_retry_budget_dead_letters_nothi
             e for e in events(db, mid) if e.from_status == "processing" and e.to_status != "sent"
         ]
         assert {e.detail for e in waits} <= {
-            f"{why} (waits for its provider; no attempt spent)"
+            f"{why} (waits; no attempt spent)"
             for why in (
                 "connection refused",
                 "no provider of its route is available: memory failing (connection refused)",

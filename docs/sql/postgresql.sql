@@ -1836,6 +1836,129 @@ FROM provider_rates
 WHERE provider_rates.provider = :provider;
 
 
+-- === domain_rates ==========================================================================
+
+-- name: domain_rates.shaped --
+-- Every domain still lowered: its row, and the database's time it was read at.
+WITH clock AS
+(SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
+SELECT recipient_domain_rates.domain, recipient_domain_rates.next_slot_at,
+    recipient_domain_rates.lowered_rate, recipient_domain_rates.lowered_until,
+    recipient_domain_rates.settles_at, (SELECT clock.now
+FROM clock) AS now
+FROM recipient_domain_rates
+WHERE recipient_domain_rates.lowered_until > (SELECT clock.now
+FROM clock);
+
+-- name: domain_rates.reserve --
+-- Take `count` consecutive send slots in `domain`'s schedule at the rate in force (the lowered
+-- rate, climbing back to the ceiling), for the whole fleet.
+WITH clock AS
+(SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
+UPDATE recipient_domain_rates
+SET next_slot_at=(greatest(recipient_domain_rates.next_slot_at, (SELECT clock.now
+FROM clock) + :next_slot_at) + :next_slot_at_2 / CAST(CASE WHEN
+    (recipient_domain_rates.lowered_until > (SELECT clock.now
+FROM clock)) THEN least(recipient_domain_rates.lowered_rate + (:lowered_rate -
+    recipient_domain_rates.lowered_rate) * (:next_slot_at_3 - (recipient_domain_rates.lowered_until
+    - (SELECT clock.now
+FROM clock)) / CAST(:next_slot_at_4 AS DOUBLE PRECISION)),
+    :least) ELSE :next_slot_at_5 END AS DOUBLE PRECISION)) WHERE recipient_domain_rates.domain =
+    :domain RETURNING recipient_domain_rates.next_slot_at, recipient_domain_rates.lowered_rate,
+    recipient_domain_rates.lowered_until, (SELECT clock.now
+FROM clock) AS now;
+
+-- name: domain_rates.defer --
+-- `domain` deferred a send: lower its rate for every replica (halved, or only its recovery
+-- restarted while the deferral is of sends made before the last lowering took effect, `settle`
+-- seconds after its slots taken); its row after, and the database's time.
+-- step 1 of 5
+WITH clock AS
+(SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
+UPDATE recipient_domain_rates
+SET lowered_rate=CASE WHEN (recipient_domain_rates.settles_at > (SELECT clock.now
+FROM clock)) THEN recipient_domain_rates.lowered_rate ELSE greatest(CASE WHEN
+    (recipient_domain_rates.lowered_until > (SELECT clock.now
+FROM clock)) THEN least(recipient_domain_rates.lowered_rate + (:lowered_rate -
+    recipient_domain_rates.lowered_rate) * (:lowered_rate_2 - (recipient_domain_rates.lowered_until
+    - (SELECT clock.now
+FROM clock)) / CAST(:lowered_rate_3 AS DOUBLE PRECISION)),
+    :least) ELSE :lowered_rate_4 END * :lowered_rate_5, :greatest) END,
+    settles_at=CASE WHEN (recipient_domain_rates.settles_at > (SELECT clock.now
+FROM clock)) THEN recipient_domain_rates.settles_at ELSE
+    greatest(recipient_domain_rates.next_slot_at, (SELECT clock.now
+FROM clock)) + :greatest_2 END, lowered_until=((SELECT clock.now
+FROM clock) + :lowered_until), next_slot_at=greatest(recipient_domain_rates.next_slot_at,
+    (SELECT clock.now
+FROM clock) + :next_slot_at) WHERE recipient_domain_rates.domain = :domain;
+-- step 2 of 5
+WITH clock AS
+(SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
+SELECT (SELECT clock.now
+FROM clock) AS now;
+-- step 3 of 5
+INSERT INTO recipient_domain_rates (domain, next_slot_at, lowered_rate, lowered_until, settles_at)
+VALUES (:domain, :next_slot_at, :lowered_rate, :lowered_until, :settles_at)
+ON CONFLICT (domain) DO NOTHING;
+-- step 4 of 5
+WITH clock AS
+(SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
+UPDATE recipient_domain_rates
+SET lowered_rate=CASE WHEN (recipient_domain_rates.settles_at > (SELECT clock.now
+FROM clock)) THEN recipient_domain_rates.lowered_rate ELSE greatest(CASE WHEN
+    (recipient_domain_rates.lowered_until > (SELECT clock.now
+FROM clock)) THEN least(recipient_domain_rates.lowered_rate + (:lowered_rate -
+    recipient_domain_rates.lowered_rate) * (:lowered_rate_2 - (recipient_domain_rates.lowered_until
+    - (SELECT clock.now
+FROM clock)) / CAST(:lowered_rate_3 AS DOUBLE PRECISION)),
+    :least) ELSE :lowered_rate_4 END * :lowered_rate_5, :greatest) END,
+    settles_at=CASE WHEN (recipient_domain_rates.settles_at > (SELECT clock.now
+FROM clock)) THEN recipient_domain_rates.settles_at ELSE
+    greatest(recipient_domain_rates.next_slot_at, (SELECT clock.now
+FROM clock)) + :greatest_2 END, lowered_until=((SELECT clock.now
+FROM clock) + :lowered_until), next_slot_at=greatest(recipient_domain_rates.next_slot_at,
+    (SELECT clock.now
+FROM clock) + :next_slot_at) WHERE recipient_domain_rates.domain = :domain;
+-- step 5 of 5
+WITH clock AS
+(SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
+SELECT recipient_domain_rates.next_slot_at, recipient_domain_rates.lowered_rate,
+    recipient_domain_rates.lowered_until, recipient_domain_rates.settles_at, (SELECT clock.now
+FROM clock) AS now
+FROM recipient_domain_rates
+WHERE recipient_domain_rates.domain = :domain;
+
+-- name: domain_rates.schedule --
+-- `domain`'s row and the database's time: what an operator (or a test) looks at.
+WITH clock AS
+(SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
+SELECT recipient_domain_rates.next_slot_at, recipient_domain_rates.lowered_rate,
+    recipient_domain_rates.lowered_until, recipient_domain_rates.settles_at, (SELECT clock.now
+FROM clock) AS now
+FROM recipient_domain_rates
+WHERE recipient_domain_rates.domain = :domain;
+
+-- name: domain_rates.forget --
+-- Delete up to `limit` rows of domains no longer slowed for FORGET_AFTER_SECONDS (a domain that
+-- defers again gets a new row); how many were deleted.
+-- step 1 of 2
+WITH clock AS
+(SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
+SELECT recipient_domain_rates.domain
+FROM recipient_domain_rates
+WHERE recipient_domain_rates.lowered_until < (SELECT clock.now
+FROM clock) - :value
+LIMIT :limit;
+-- step 2 of 2
+WITH clock AS
+(SELECT CAST(EXTRACT(epoch FROM clock_timestamp()) AS DOUBLE PRECISION) AS now)
+DELETE
+FROM recipient_domain_rates
+WHERE recipient_domain_rates.domain IN (:domain_1)
+    AND recipient_domain_rates.lowered_until < (SELECT clock.now
+FROM clock) - :value;
+
+
 -- === fleet_state ===========================================================================
 
 -- name: fleet_state.read --

@@ -129,6 +129,22 @@ PROVIDER_RATE_IN_FORCE = Gauge(
     "a provider's throttling cools down.",
     multiprocess_mode="mostrecent",
 )
+SHAPED_DOMAINS = Gauge(
+    "mailbag_shaped_domains",
+    "Recipient domains sent to more slowly after their deferrals (DOMAIN_SHAPING), as this "
+    "worker last read them (a count: domains are not labels).",
+    multiprocess_mode="mostrecent",
+)
+DOMAIN_DEFERRALS = Counter(
+    "mailbag_domain_deferrals_total",
+    "Sends a recipient domain deferred (SMTP 421/451/4.7.x, a throttle naming it): each "
+    "slows that domain for the fleet (DOMAIN_SHAPING).",
+)
+DOMAIN_SHAPED_RELEASES = Counter(
+    "mailbag_domain_shaped_releases_total",
+    "Claimed messages handed back unsent, with no attempt spent, to wait for their shaped "
+    "recipient domain's send slot.",
+)
 PROVIDER_BREAKER_OPEN = Gauge(
     "mailbag_provider_breaker_open",
     "1 while a provider's breaker is open as this worker last read the fleet's state (its "

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
     from mailbag.domain.breaker import Breaker
     from mailbag.domain.bulk import UnsubscribeLinks
+    from mailbag.domain.domain_shaping import Shaping
     from mailbag.domain.hooks.urls import Policy as HookUrlPolicy
 
 MIN_ADMIN_PASSWORD_LENGTH = 12
@@ -245,6 +246,16 @@ class Settings(BaseSettings):
     # provider's own throttling answer lowers it for PROVIDER_RATE_COOLDOWN_SECONDS.
     provider_rate: float | None = Field(None, gt=0)
     provider_rate_cooldown_seconds: float = Field(60.0, gt=0)
+    # Per-recipient-domain shaping (domain.domain_shaping): a recipient domain that defers
+    # (SMTP 421/451/4.7.x, a provider's throttle naming it) is sent to more slowly by the
+    # whole fleet, halved from DOMAIN_SHAPING_CEILING_PER_MINUTE at its first deferral and
+    # at each later one, never below DOMAIN_SHAPING_FLOOR_PER_MINUTE, climbing back to the
+    # ceiling over DOMAIN_SHAPING_RECOVERY_SECONDS after the last; other domains go on as
+    # before. Off: deferrals only retry their own message.
+    domain_shaping: bool = True
+    domain_shaping_ceiling_per_minute: float = Field(600.0, gt=0, le=1_000_000)
+    domain_shaping_floor_per_minute: float = Field(1.0, gt=0)
+    domain_shaping_recovery_seconds: float = Field(600.0, gt=0, le=7 * 86400)
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(8025, ge=0, le=65535)
@@ -421,6 +432,11 @@ class Settings(BaseSettings):
         if self.routes and not self.providers:
             raise ValueError("routes: name [providers.NAME] tables (none are configured)")
         self.routing  # noqa: B018 (InvalidRouting names the route and key)
+        if self.domain_shaping_floor_per_minute > self.domain_shaping_ceiling_per_minute:
+            raise ValueError(
+                "domain_shaping_floor_per_minute: must not be above"
+                f" domain_shaping_ceiling_per_minute ({self.domain_shaping_ceiling_per_minute:g})"
+            )
         return self
 
     def provider_table(self, name: str) -> tuple[str, Settings]:
@@ -483,6 +499,19 @@ class Settings(BaseSettings):
 
         return Breaker(
             failures=self.hook_breaker_failures, base=timedelta(seconds=self.hook_breaker_seconds)
+        )
+
+    @property
+    def shaping(self) -> Shaping | None:
+        """DOMAIN_SHAPING's numbers; None when it is off."""
+        from mailbag.domain.domain_shaping import Shaping
+
+        if not self.domain_shaping:
+            return None
+        return Shaping.per_minute(
+            self.domain_shaping_ceiling_per_minute,
+            self.domain_shaping_floor_per_minute,
+            self.domain_shaping_recovery_seconds,
         )
 
     @property

@@ -32,6 +32,7 @@ from mailbag import sqlrecorder
 from mailbag.database_url import Dialect
 from mailbag.domain.content import Attachment
 from mailbag.domain.delivery import Decision
+from mailbag.domain.domain_shaping import Shaping
 from mailbag.domain.events import EventKind, ProviderEvent
 from mailbag.domain.hooks import Breaker, DAction, DState, HookEndpoint, HookEvent
 from mailbag.domain.message import Filter, Message, new_message
@@ -43,6 +44,7 @@ from mailbag.store import (
     console_sessions,
     deployment,
     dispatch,
+    domain_rates,
     enqueue,
     erasure,
     events,
@@ -155,6 +157,7 @@ def _message(**values: Any) -> Message:
 
 
 SENDER = "billing@example.com"
+SHAPING = Shaping.per_minute(600.0, 1.0, 600.0)  # DOMAIN_SHAPING's defaults
 _NEW_MESSAGE = new_message(
     tenant_id=TENANT,
     to="ada@example.com",
@@ -586,6 +589,16 @@ OPERATIONS: list[Operation | Statement] = [
         rate.throttle, {"provider": "brevo", "rate": 50.0, "cooldown": 60.0, "retry_after": 2.0}
     ),
     Operation(rate.schedule, {"provider": "brevo"}),
+    # Recipient domains slowed after their deferrals (DOMAIN_SHAPING)
+    Operation(domain_rates.shaped),
+    Operation(domain_rates.reserve, {"domain": "example.com", "count": 5, "shaping": SHAPING}),
+    Operation(
+        domain_rates.defer,
+        {"domain": "example.com", "shaping": SHAPING, "settle": 3.0},
+        rows=(0,),  # its first deferral: the row is made
+    ),
+    Operation(domain_rates.schedule, {"domain": "example.com"}),
+    Operation(domain_rates.forget, {"limit": 1000}),
     # The fleet's state: providers' breakers, operators' pauses (worker/fleet.py)
     Operation(fleet_state.read, summary="Every provider's breaker and every pause."),
     Operation(
@@ -752,6 +765,10 @@ PARTS = {
     "attachments.attached": "attachments.refs, when a message carries any (claim, get, page)",
     "sender_domains.readiness": "sender_domains.unready",
     "sender_domains.require_ready": "sender_domains.unready (it raises the first refusal)",
+    "rate.take_slots": "rate.reserve, domain_rates.reserve",
+    "rate.lower": "rate.throttle, domain_rates.defer",
+    "rate.read_schedule": "rate.schedule, domain_rates.schedule, domain_rates.defer",
+    "rate.make_row": "rate.reserve, domain_rates.defer (a key's first row)",
 }
 
 

@@ -44,11 +44,15 @@ class Deferred:
     reached, or answered an error about itself: 5xx, SMTP 421): the message waits for it,
     or goes to the route's next provider, without spending an attempt, for as long as
     QUEUE_LIFETIME. Otherwise (an SMTP 4xx about a recipient: greylisting, a full
-    mailbox) the message's own attempts are spent, as the retry policy says."""
+    mailbox) the message's own attempts are spent, as the retry policy says.
+
+    `domain_deferral`: the recipient's domain deferred it (SMTP 421/451/4.7.x in answer to
+    RCPT TO or the content): DOMAIN_SHAPING slows that domain down (domain.domain_shaping)."""
 
     error: str
     retry_after: timedelta | None = None
     provider_fault: bool = False
+    domain_deferral: bool = False
 
 
 @dataclass(frozen=True)

@@ -135,8 +135,14 @@ def throttled(
     rate: float,
     cooldown: float,
     retry_after: float | None,
+    factor: float = LOWER_FACTOR,
+    floor: float | None = None,
+    settle: float = SETTLE_SECONDS,
 ) -> Bucket:
-    """The row after the provider throttled a send (see the rules above).
+    """The row after the provider throttled a send (see the rules above): the rate in force
+    times `factor`, never below `floor` (MIN_FRACTION of `rate` unless given); throttles
+    until `settle` seconds after the slots already taken only extend the cooldown.
+    (domain_shaping lowers a recipient domain with the same rule and its own numbers.)
 
     Each field depends only on itself and on fields assigned after it, in the order
     lowered_rate, settles_at, lowered_until, next_slot_at: an UPDATE that assigns them in
@@ -144,8 +150,8 @@ def throttled(
     ones (MySQL's left to right)."""
     settling = bucket.settles_at > now
     lowered = ops.greatest(
-        rate_in_force(ops, bucket, now=now, rate=rate, cooldown=cooldown) * LOWER_FACTOR,
-        rate * MIN_FRACTION,
+        rate_in_force(ops, bucket, now=now, rate=rate, cooldown=cooldown) * factor,
+        rate * MIN_FRACTION if floor is None else floor,
     )
     hold = min(retry_after or 0.0, cooldown)
     return Bucket(
@@ -153,7 +159,7 @@ def throttled(
         settles_at=ops.when(
             settling,
             bucket.settles_at,
-            ops.greatest(bucket.next_slot_at, now) + SETTLE_SECONDS,
+            ops.greatest(bucket.next_slot_at, now) + settle,
         ),
         lowered_until=now + cooldown,
         next_slot_at=ops.greatest(bucket.next_slot_at, now + hold),

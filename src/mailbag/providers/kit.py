@@ -97,15 +97,22 @@ def failure_outcome(
     keyed: bool,
     retry_after: timedelta | None = None,
     provider_fault: bool = True,
+    domain_deferral: bool = False,
 ) -> delivery.SendOutcome:
     """The outcome a table row names, for a send that ended in `error` (scrubbed already).
     `keyed`: whether the request carried this email's own idempotency key (see
     `Ambiguous.keyed`); `retry_after`: the provider's hint, kept by a Deferred or Throttled
     only. A Deferred is the provider's fault unless said otherwise (`provider_fault`): an
     HTTP API that could not be reached or answered an error about itself (5xx, a redirect)
-    has not judged the message; only SMTP's 4xx about a recipient is the message's."""
+    has not judged the message; only SMTP's 4xx about a recipient is the message's.
+    `domain_deferral`: the recipient's domain deferred it (see `Deferred`)."""
     if outcome_class is delivery.Deferred:
-        return delivery.Deferred(error, retry_after=retry_after, provider_fault=provider_fault)
+        return delivery.Deferred(
+            error,
+            retry_after=retry_after,
+            provider_fault=provider_fault,
+            domain_deferral=domain_deferral,
+        )
     if outcome_class is delivery.Throttled:
         return delivery.Throttled(error, retry_after=retry_after)
     if outcome_class is delivery.Ambiguous:

@@ -53,7 +53,7 @@ from aiosmtplib import (
 from aiosmtplib.email import quote_address
 
 from mailbag.compose import OutgoingEmail
-from mailbag.domain import delivery
+from mailbag.domain import delivery, domain_shaping
 from mailbag.providers import register
 from mailbag.providers.base import Capabilities, SendOneByOne
 from mailbag.providers.kit import OutcomeClass, describe, envelope_address, failure_outcome, scrub
@@ -152,6 +152,9 @@ Every other ending is (phase, kind of failure) looked up here:
 - A Deferred 4xx whose text says the sender is over its rate (`THROTTLE_REPLY`: Amazon
   SES's "454 Throttling failure: Maximum sending rate exceeded") is Throttled instead: no
   attempt spent, and the fleet slows down (PROVIDER_RATE).
+- A Deferred 421 or 451 to RCPT TO, or a 4.7.x to RCPT TO, DATA or the content, is the
+  recipients' domain deferring (`domain_deferral`): DOMAIN_SHAPING slows that domain for
+  the fleet.
 
 A reused connection found dead at MAIL FROM (lost, or a 421) is retried once on a fresh
 connection before this table is consulted: the server had not seen the message yet.
@@ -160,6 +163,8 @@ connection before this table is consulted: the server had not seen the message y
 del D, R, A, X
 
 SESSION_PHASES: Final = frozenset({Phase.CONNECT, Phase.EHLO, Phase.STARTTLS, Phase.AUTH})
+# Replies here answer for the recipients' domain (a 4xx may defer the domain: shaping).
+RECIPIENT_PHASES: Final = frozenset({Phase.RCPT, Phase.DATA, Phase.CONTENT})
 
 THROTTLE_REPLY: Final = re.compile(r"throttl|rate limit|sending rate", re.IGNORECASE)
 _ENHANCED_STATUS = re.compile(r"^\d\.\d{1,3}\.\d{1,3}\s*")
@@ -225,6 +230,19 @@ class StepFailed(Exception):
         if self.phase in SESSION_PHASES or self.reply_code == REPLY_SERVICE_CLOSING:
             return True
         return self.failure is not Failure.TEMPORARY
+
+    @property
+    def domain_deferral(self) -> bool:
+        """Whether the recipients' domain deferred the message (domain_shaping slows it): a
+        421 or 451 to RCPT TO, a 4.7.x to RCPT TO, DATA or the content. Before that the
+        answer is the server's own (the relay's, the sender's)."""
+        return (
+            self.phase in RECIPIENT_PHASES
+            and self.reply_code is not None
+            and domain_shaping.is_deferral_reply(
+                self.reply_code, self.detail, to_rcpt=self.phase is Phase.RCPT
+            )
+        )
 
     @classmethod
     def from_exception(cls, phase: Phase, exc: BaseException) -> StepFailed:
@@ -464,7 +482,13 @@ class SMTPProvider(SendOneByOne):
         log.debug("smtp: %s -> %s", text, found.__name__)
         # Not keyed: no key to resend under, so the worker must not retry an Ambiguous one,
         # only reconcile it. No provider_message_id either: the server gave none.
-        return failure_outcome(found, text, keyed=False, provider_fault=failed.provider_fault)
+        return failure_outcome(
+            found,
+            text,
+            keyed=False,
+            provider_fault=failed.provider_fault,
+            domain_deferral=found is delivery.Deferred and failed.domain_deferral,
+        )
 
     # --- the pool --------------------------------------------------------------------------
 

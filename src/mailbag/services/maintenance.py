@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple
 
 from mailbag.services.tenants import tenant_id_of
-from mailbag.store import attachments, idempotency, operator, verifications
+from mailbag.store import attachments, domain_rates, idempotency, operator, verifications
 from mailbag.store import tenant_retention as retention_store
 from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase, Database
@@ -149,6 +149,11 @@ async def check_sender_domains(
 
     every = timedelta(seconds=settings.domain_check_every_seconds)
     return {"domains": await SenderDomains(engine, settings).check_due(now=now, every=every)}
+
+
+async def forget_quiet_domains(engine: AsyncEngine, now: datetime) -> dict[str, int]:
+    """Drop the send schedules of recipient domains that stopped deferring a day ago."""
+    return {"domains": await _in_chunks_async(engine, lambda: domain_rates.forget(limit=CHUNK))}
 
 
 async def expire_verifications(engine: AsyncEngine, now: datetime) -> dict[str, int]:

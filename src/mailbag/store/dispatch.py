@@ -87,10 +87,9 @@ _FINALIZE_EVENTS: dict[Action, EventSpec] = {
     Action.MARK_SENT: LAST_ERROR,
     Action.RELEASE: EventSpec(offset=1, text="released unsent; no attempt spent"),
 }
-# A release that waits for its provider says why, and that it cost no attempt.
-WAITING = EventSpec(
-    offset=1, column="last_error", suffix=" (waits for its provider; no attempt spent)"
-)
+# A release that waits (for its provider, for its recipient domain's slot) says why, and
+# that it cost no attempt.
+WAITING = EventSpec(offset=1, column="last_error", suffix=" (waits; no attempt spent)")
 
 
 # The claim's parameters on PostgreSQL (its statement is cached: see `claim`).

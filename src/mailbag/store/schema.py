@@ -447,6 +447,23 @@ def _provider_rates(md: MetaData) -> Table:
     )
 
 
+def _recipient_domain_rates(md: MetaData) -> Table:
+    """Each recipient domain's send schedule while DOMAIN_SHAPING slows it (domain.
+    domain_shaping): provider_rates' columns, one row per domain that ever deferred, made
+    by its first deferral. Workers read the rows still lowered (`lowered_until` ahead) once
+    a poll interval."""
+    return _table(
+        "recipient_domain_rates",
+        md,
+        Column("domain", String(253), primary_key=True),
+        Column("next_slot_at", Double, nullable=False),
+        Column("lowered_rate", Double, nullable=False),
+        Column("lowered_until", Double, nullable=False),
+        Column("settles_at", Double, nullable=False),
+        Index("ix_recipient_domain_rates_lowered_until", "lowered_until"),
+    )
+
+
 def _provider_health(md: MetaData) -> Table:
     """Each configured provider's breaker, shared by the fleet (store/fleet_state.py): sure
     failures in a row, and until when messages wait for it instead of being sent to it."""
@@ -713,6 +730,7 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     _console_sessions(md)
     _deployment(md)
     _provider_rates(md)
+    _recipient_domain_rates(md)
     _provider_health(md)
     _pauses(md)
     _attachments(md)
@@ -739,6 +757,7 @@ verification_events = metadata.tables["verification_events"]
 verification_sends = metadata.tables["verification_sends"]
 verification_send_counts = metadata.tables["verification_send_counts"]
 provider_rates = metadata.tables["provider_rates"]
+recipient_domain_rates = metadata.tables["recipient_domain_rates"]
 provider_health = metadata.tables["provider_health"]
 pauses = metadata.tables["pauses"]
 provider_events = metadata.tables["provider_events"]

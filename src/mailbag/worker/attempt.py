@@ -32,6 +32,7 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from mailbag import metrics
@@ -220,22 +221,26 @@ class Sender:
 
     def waiting(self, message: Message) -> Decision:
         """A claimed message none of whose providers is available now: it waits for the
-        first of them, unsent and with no attempt spent (dead past QUEUE_LIFETIME; expired
-        past its expires_at)."""
+        first of them (`wait`)."""
+        now = self.clock()
+        why, until = self.fleet.why_waiting(message, now), self.fleet.wait_until(message, now)
+        return self.wait(message, why, until)
+
+    def wait(self, message: Message, why: str, until: datetime) -> Decision:
+        """A claimed message that waits, unsent and with no attempt spent, until `until`
+        (for its providers, for its recipient domain's slot); dead once in the queue longer
+        than QUEUE_LIFETIME, expired past its expires_at."""
         now = self.clock()
         lapsed = lapse(message.expires_at, now)
         if lapsed is not None:
             return lapsed
-        why = self.fleet.why_waiting(message, now)
         if now - message.created_at >= self.config.queue_lifetime:
             lifetime = self.config.queue_lifetime.total_seconds() / 3600
             return Decision(
                 Action.BURY,
                 error=f"{why} (in the queue longer than QUEUE_LIFETIME, {lifetime:g} h)",
             )
-        return Decision(
-            Action.RELEASE, error=why, next_attempt_at=self.fleet.wait_until(message, now)
-        )
+        return Decision(Action.RELEASE, error=why, next_attempt_at=until)
 
     def _seconds(self, name: str) -> Any:
         """The provider's series, looked up once (`labels` costs a lock and a dict)."""

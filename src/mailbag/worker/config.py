@@ -10,6 +10,7 @@ from typing import Any
 
 from mailbag.domain.breaker import Breaker
 from mailbag.domain.bulk import UnsubscribeLinks
+from mailbag.domain.domain_shaping import Shaping
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.verification import Tokens
 from mailbag.settings import Settings
@@ -40,6 +41,8 @@ class WorkerConfig:
     tokens: Tokens | None = None
     # mailbag's own one-click unsubscribe links for bulk mail (PUBLIC_URL); None: none.
     unsubscribe: UnsubscribeLinks | None = None
+    # DOMAIN_SHAPING's numbers (None: off): deferring recipient domains are slowed down.
+    domain_shaping: Shaping | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> WorkerConfig:
@@ -60,6 +63,7 @@ class WorkerConfig:
             # Raises MissingSecretKey: a worker without the key refuses to start.
             "tokens": settings.verification_tokens,
             "unsubscribe": settings.unsubscribe_links,
+            "domain_shaping": settings.shaping,
         }
         values.update(overrides)
         return cls(**values)

@@ -12,6 +12,10 @@ in one statement (worker/rate.py); each chunk leaves at its last message's slot,
 holds at most HORIZON_SECONDS' worth of the rate, and claiming waits while the fleet's
 schedule runs further ahead than that. A throttled send is released (no attempt spent)
 and lowers the fleet's rate; without PROVIDER_RATE it pauses this worker's claims instead.
+
+Under DOMAIN_SHAPING (worker/shaping.py) a recipient domain's deferral (a throttle naming
+the domain too) slows that domain for the fleet, and nothing else; a claim's messages of a
+slowed domain whose slot is not due are handed back unsent (no attempt spent), due at it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from mailbag.domain.message import Message
 from mailbag.domain.states import Action
 from mailbag.providers.base import Provider
 from mailbag.providers.kit import describe
+from mailbag.store.plan import Plan
 from mailbag.templates import Catalog
 from mailbag.worker.attempt import NO_CONTENTS, Sender, chunks
 from mailbag.worker.config import PeriodicJob, WorkerConfig
@@ -44,6 +49,7 @@ from mailbag.worker.leases import LeaseKeeper
 from mailbag.worker.ledger import BACKLOG_FACTOR, Decided, Ledger
 from mailbag.worker.rate import FleetRate, Slots
 from mailbag.worker.report import Report
+from mailbag.worker.shaping import DomainShaper
 from mailbag.worker.supervisor import SideTasks, run_regularly
 from mailbag.worker.writer import OutcomeWriter
 
@@ -96,6 +102,18 @@ class Worker:
                 log=self.log,
             )
             if rate_limit is not None
+            else None
+        )
+        self.shaping = (
+            DomainShaper(
+                engine,
+                config.domain_shaping,
+                poll_interval=config.poll_interval,
+                timeout=config.db_timeout,
+                clock=clock,
+                log=self.log,
+            )
+            if config.domain_shaping is not None
             else None
         )
         self.ledger = Ledger(config.concurrency)
@@ -225,22 +243,44 @@ class Worker:
         if not claim.messages:
             return False
         self.report.stats["claimed"] += len(claim.messages)
-        slots = None
-        if self.fleet_rate is not None:
+        messages = claim.messages
+        if self.shaping is not None:
             try:
-                slots = await self.fleet_rate.reserve(len(claim.messages))
+                messages = await self._shaped(claim.token, messages)
             except DB_ERRORS as exc:
-                # Claimed, but no slot to send them in: hand them back unsent.
-                self.ledger.claimed(claim.token, claim.messages)
-                unsent = Decision(Action.RELEASE, error=f"no send slot: {describe(exc)}")
-                for message in claim.messages:
-                    self.writer.put(self.ledger.decided(message, unsent))
-                self._database_unavailable(exc)
+                self._hand_back(claim.token, messages, exc)
+                return False
+        slots = None
+        if self.fleet_rate is not None and messages:
+            try:
+                slots = await self.fleet_rate.reserve(len(messages))
+            except DB_ERRORS as exc:
+                self._hand_back(claim.token, messages, exc)
                 return False
             # Claim again once the fleet's schedule runs less than a horizon ahead.
             self.paused_until = max(self.paused_until, slots.schedule_end - rate.HORIZON_SECONDS)
-        self._dispatch(claim.token, claim.messages, claim.contents, slots)
+        self._dispatch(claim.token, messages, claim.contents, slots)
         return len(claim.messages) == limit
+
+    async def _shaped(self, token: uuid.UUID, messages: list[Message]) -> list[Message]:
+        """The claimed messages that go now; those of a shaped recipient domain whose slot
+        is not yet due are handed back unsent, due again then (no attempt spent)."""
+        assert self.shaping is not None
+        going, waiting = await self.shaping.admit(messages)
+        if waiting:
+            self.ledger.claimed(token, [message for message, _, _ in waiting])
+            for message, why, until in waiting:
+                decision = self.sender.wait(message, why, until)
+                self.writer.put(self.ledger.decided(message, decision))
+        return going
+
+    def _hand_back(self, token: uuid.UUID, messages: Sequence[Message], exc: Exception) -> None:
+        """Claimed, but no slot to send them in (the database failed): back unsent."""
+        self.ledger.claimed(token, messages)
+        unsent = Decision(Action.RELEASE, error=f"no send slot: {describe(exc)}")
+        for message in messages:
+            self.writer.put(self.ledger.decided(message, unsent))
+        self._database_unavailable(exc)
 
     def _released_unconfirmed(self, count: int) -> None:
         self.report.stats["released_unconfirmed"] += count
@@ -326,6 +366,9 @@ class Worker:
         return True
 
     def decided(self, message: Message, outcome: SendOutcome | None, decision: Decision) -> None:
+        # A recipient domain's deferral slows that domain (a throttle naming it included:
+        # it is the domain's, not the provider's).
+        by_domain = self.shaping is not None and self.shaping.deferred(message, outcome)
         # One provider: its being disabled pauses this worker's claims (with several, its
         # breaker keeps messages from it while the others send).
         if isinstance(outcome, Disabled) and not self.stopping and self.fleet.alone:
@@ -335,7 +378,7 @@ class Worker:
                 delay = self.disabled_backoff.next()
                 self.paused_until = time.monotonic() + delay
                 self.log.warning("provider_disabled", reason=outcome.reason, pause_seconds=delay)
-        elif isinstance(outcome, Throttled):
+        elif isinstance(outcome, Throttled) and not by_domain:
             self._throttled(outcome)
         elif decision.action is Action.MARK_SENT:
             self.disabled_backoff.reset()
@@ -369,8 +412,9 @@ class Worker:
         """A claim as the fleet's pauses let it, with the fleet's state exchanged in its
         transaction when that is due (at most once a poll interval: breakers and pauses)."""
         exchange = self.fleet.exchange(now=self.clock(), every=self.config.poll_interval)
+        before = _in_turn(exchange, self.shaping.refresh() if self.shaping else None)
         try:
-            claim = await self.database.claim(limit, self.fleet, exchange)
+            claim = await self.database.claim(limit, self.fleet, before)
         except DB_ERRORS as exc:
             if exchange is not None:
                 self.fleet.not_exchanged(exc, self.log)
@@ -406,6 +450,8 @@ class Worker:
             self.decided(message, outcome, self.sender.decide(message, outcome))
         if self.fleet_rate is not None:
             await self.fleet_rate.aclose()
+        if self.shaping is not None:
+            await self.shaping.aclose()
         if not await self.writer.drain(max(self.config.shutdown_grace, 5.0)):
             self.log.error("shutdown_with_unwritten_outcomes", count=self.ledger.unwritten)
         await self._sync_fleet(every=0.0)  # what its last sends taught it, for the others
@@ -414,3 +460,16 @@ class Worker:
                 self._released_unconfirmed(released)
         except DB_ERRORS as exc:  # the sweep makes them `unknown` once their lease runs out
             self.log.warning("unconfirmed_claim_not_released", error=describe(exc))
+
+
+def _in_turn(*plans: Plan[None] | None) -> Plan[None] | None:
+    """The plans given, one after the other in one transaction; None when none is."""
+    due = [plan for plan in plans if plan is not None]
+    if len(due) <= 1:
+        return due[0] if due else None
+    return _chained(due)
+
+
+def _chained(plans: list[Plan[None]]) -> Plan[None]:
+    for plan in plans:
+        yield from plan

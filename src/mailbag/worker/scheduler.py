@@ -200,7 +200,8 @@ def _why(exc: BaseException) -> str:
 
 def maintenance_jobs(settings: Settings, engine: AsyncEngine) -> list[PeriodicJob]:
     """Purge (by each tenant's PURGE_AFTER_DAYS, or the setting's), expired idempotency
-    records and stale verifications, every MAINTENANCE_EVERY_SECONDS, on the worker's
+    records, stale verifications and quiet recipient domains' schedules (DOMAIN_SHAPING),
+    every MAINTENANCE_EVERY_SECONDS, on the worker's
     engine; sender domains' DNS checks as often as DOMAIN_CHECK_EVERY_SECONDS asks."""
     every = settings.maintenance_every_seconds
     jobs = [
@@ -218,6 +219,11 @@ def maintenance_jobs(settings: Settings, engine: AsyncEngine) -> list[PeriodicJo
             "verifications_expired",
             every,
             functools.partial(maintenance.expire_verifications, engine),
+        ),
+        PeriodicJob(
+            "recipient_domains_forgotten",
+            every,
+            functools.partial(maintenance.forget_quiet_domains, engine),
         ),
     ]
 
