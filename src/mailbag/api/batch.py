@@ -38,8 +38,15 @@ router = APIRouter(prefix="/v1/messages", tags=["messages"])
 
 
 class BatchItem(MessageCreate):
-    """One message of a batch: the body of POST /v1/messages, and its own key."""
+    """One message of a batch: the body of POST /v1/messages, and its own key; bulk mail
+    unless it says `"bulk": false`."""
 
+    bulk: bool = Field(
+        True,
+        description="Bulk mail unless false: a batch's messages are claimed after "
+        "transactional mail (a quarter of its share), never starved by it.",
+        examples=[True],
+    )
     idempotency_key: str | None = Field(
         None,
         min_length=1,

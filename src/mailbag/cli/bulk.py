@@ -340,6 +340,7 @@ class RowChecker:
                 tenant_id=self.tenant,
                 idempotency_key=key,
                 priority=self.priority,
+                bulk=True,
             )
         except InvalidMessage as exc:
             return str(exc), None
