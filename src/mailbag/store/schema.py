@@ -29,7 +29,6 @@ from sqlalchemy import (
     Table,
     Text,
     Uuid,
-    false,
     func,
     text,
 )
@@ -161,7 +160,7 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         # How many message_attachments rows it has: a claim reads them only when some do.
         Column("attachment_count", SmallInteger, nullable=False, server_default="0"),
         # Bulk mail, not transactional (NewMessage.bulk): its own lane in the claim.
-        Column("bulk", Boolean, nullable=False, server_default=false()),
+        Column("bulk", Boolean, nullable=False, server_default="0"),
         CheckConstraint(STATUS_CHECK_SQL, name="status"),
         CheckConstraint("attempt_count >= 0", name="attempt_count"),
         Index(None, "tenant_id", "idempotency_key", unique=True),

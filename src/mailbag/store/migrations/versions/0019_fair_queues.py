@@ -24,7 +24,7 @@ CLAIMABLE_SQL = "status IN ('pending', 'retrying')"  # as 0006 has it, frozen he
 def upgrade() -> None:
     op.add_column(
         "outbox_messages",
-        sa.Column("bulk", sa.Boolean(), nullable=False, server_default=sa.false()),
+        sa.Column("bulk", sa.Boolean(), nullable=False, server_default="0"),
     )
     if op.get_bind().dialect.name in ("mysql", "mariadb"):
         op.add_column(
@@ -59,5 +59,6 @@ def downgrade() -> None:
         op.drop_column("outbox_messages", "claimable_tenant")
     else:
         op.drop_index("ix_outbox_messages_lanes", table_name="outbox_messages")
-    with op.batch_alter_table("outbox_messages") as batch:
-        batch.drop_column("bulk")
+    # Not a batch: on SQLite that rebuilds the table, which the expression index on
+    # to_address does not survive; ALTER TABLE DROP COLUMN does (SQLite 3.35).
+    op.drop_column("outbox_messages", "bulk")
