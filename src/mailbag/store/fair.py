@@ -74,7 +74,13 @@ class Lanes:
             .with_for_update(skip_locked=True)
             .lateral("lane_heads")
         )
-        return select(heads.c.id, heads.c.previous_state).select_from(shares.join(heads, true()))
+        # The shares add up to `limit` at most: saying so lets the planner update the rows
+        # by primary key, not hash them against the whole table.
+        return (
+            select(heads.c.id, heads.c.previous_state)
+            .select_from(shares.join(heads, true()))
+            .limit(limit)
+        )
 
     def window(self, guard: ColumnElement[bool], limit: int, per_row: int) -> Plan[list[Row[Any]]]:
         """MariaDB and SQLite: (id, previous_state) of `per_row` times each lane's share,
