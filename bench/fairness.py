@@ -45,15 +45,17 @@ def one_run(db: Database, folder: Path, backlog: int, workers: int, after: float
         time.sleep(STARTUP_SECONDS)
         seed(db, backlog)  # tenant "default": A
         time.sleep(after)
-        message = new_message(to="b@example.com", template="welcome", tenant_id="tenant-b")
+        message = new_message(
+            to="b@example.com", template="welcome", data={"name": "B"}, tenant_id="tenant-b"
+        )
         with db.engine.begin() as conn:
             [b] = run(conn, enqueue_store.enqueue([message], now=utcnow(), default_max_attempts=5))
         committed = utcnow()
         unsent_a = _unsent(db, "default")
-        wait_until(lambda: _sent_at(db, b.message.id) is not None, timeout=600, interval=0.01)
+        wait_until(lambda: _sent_at(db, b.message.id) is not None, timeout=120, interval=0.01)
         sent_at = _sent_at(db, b.message.id)
         unsent_a_then = _unsent(db, "default")
-        wait_until(lambda: _unsent(db, "default") == 0, timeout=600, interval=0.1)
+        wait_until(lambda: _unsent(db, "default") == 0, timeout=300, interval=0.1)
         drained = utcnow()
     finally:
         stop_workers(processes)
