@@ -187,11 +187,14 @@ VALUES (:message_history_message_id, :message_history_from_status, :message_hist
 -- first without starving the rest.
 -- step 1 of 7
 WITH RECURSIVE lane_tenants(tenant_id) AS
-(SELECT min(claimable_tenant) AS tenant_id
+(SELECT (SELECT claimable_tenant
 FROM outbox_messages
-WHERE claimable_tenant IS NOT NULL UNION ALL SELECT (SELECT min(claimable_tenant) AS min_2
+WHERE claimable_tenant IS NOT NULL ORDER BY claimable_tenant
+LIMIT :limit) AS tenant_id UNION ALL SELECT (SELECT claimable_tenant
 FROM outbox_messages
-WHERE claimable_tenant IS NOT NULL AND claimable_tenant > lane_tenants.tenant_id) AS anon_1
+WHERE claimable_tenant IS NOT NULL AND claimable_tenant > lane_tenants.tenant_id
+ORDER BY claimable_tenant
+LIMIT :limit_2) AS anon_1
 FROM lane_tenants
 WHERE lane_tenants.tenant_id IS NOT NULL)
 SELECT lane_parts.tenant_id, lane_parts.bulk, lane_parts.part + CASE
@@ -201,19 +204,23 @@ FROM (SELECT lanes.tenant_id AS tenant_id, lanes.bulk AS bulk,
     FLOOR((:part * CASE WHEN lanes.bulk THEN :part_2 ELSE :part_3 END) / sum(CASE WHEN lanes.bulk
     THEN :part_2 ELSE :part_3 END) OVER ()) AS part, row_number() OVER (ORDER BY lanes.head_at,
     lanes.tenant_id, lanes.bulk) AS `rank`
-FROM (SELECT lane_tenants.tenant_id AS tenant_id, :bulk AS bulk, (SELECT min(claimable_at) AS min_1
+FROM (SELECT lane_tenants.tenant_id AS tenant_id, :bulk AS bulk, (SELECT claimable_at
 FROM outbox_messages
 WHERE outbox_messages.bulk = false AND claimable_tenant = lane_tenants.tenant_id
     AND outbox_messages.status IN ('pending', 'retrying') AND claimable_at <= :claimable_at
-    AND outbox_messages.next_attempt_at <= :next_attempt_at) AS head_at
+    AND outbox_messages.next_attempt_at <= :next_attempt_at
+ORDER BY claimable_at
+LIMIT :limit_3) AS head_at
 FROM lane_tenants
 WHERE lane_tenants.tenant_id IS NOT NULL
 UNION ALL
-SELECT lane_tenants.tenant_id AS tenant_id, :bulk_2 AS bulk, (SELECT min(claimable_at) AS min_3
+SELECT lane_tenants.tenant_id AS tenant_id, :bulk_2 AS bulk, (SELECT claimable_at
 FROM outbox_messages
 WHERE outbox_messages.bulk = true AND claimable_tenant = lane_tenants.tenant_id
     AND outbox_messages.status IN ('pending', 'retrying') AND claimable_at <= :claimable_at
-    AND outbox_messages.next_attempt_at <= :next_attempt_at) AS head_at
+    AND outbox_messages.next_attempt_at <= :next_attempt_at
+ORDER BY claimable_at
+LIMIT :limit_4) AS head_at
 FROM lane_tenants
 WHERE lane_tenants.tenant_id IS NOT NULL) AS lanes
 WHERE lanes.head_at IS NOT NULL) AS lane_parts;

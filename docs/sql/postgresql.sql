@@ -249,14 +249,15 @@ COMMIT;
 -- first without starving the rest.
 -- step 1 of 2
 WITH RECURSIVE lane_tenants(tenant_id) AS
-(SELECT min(outbox_messages.tenant_id) AS tenant_id
+(SELECT (SELECT outbox_messages.tenant_id
+FROM outbox_messages
+WHERE outbox_messages.status IN ('pending', 'retrying') ORDER BY outbox_messages.tenant_id
+LIMIT :limit) AS tenant_id UNION ALL SELECT (SELECT outbox_messages.tenant_id
 FROM outbox_messages
 WHERE outbox_messages.status IN ('pending', 'retrying')
-UNION ALL
-SELECT (SELECT min(outbox_messages.tenant_id) AS min_2
-FROM outbox_messages
-WHERE outbox_messages.status IN ('pending', 'retrying')
-    AND outbox_messages.tenant_id > lane_tenants.tenant_id) AS anon_5
+    AND outbox_messages.tenant_id > lane_tenants.tenant_id
+ORDER BY outbox_messages.tenant_id
+LIMIT :limit_2) AS anon_5
 FROM lane_tenants
 WHERE lane_tenants.tenant_id IS NOT NULL),
 lane_shares AS
@@ -268,22 +269,23 @@ FROM (SELECT lanes.tenant_id AS tenant_id, lanes.bulk AS bulk,
     THEN :value_4 ELSE :value_5 END) OVER () AS part, row_number() OVER (ORDER BY lanes.head_at,
     lanes.tenant_id, lanes.bulk) AS rank
 FROM (SELECT lane_tenants.tenant_id AS tenant_id, :value_6 AS bulk,
-    (SELECT min(outbox_messages.claim_order_at) AS min_1
+    (SELECT outbox_messages.claim_order_at
 FROM outbox_messages
 WHERE outbox_messages.bulk = false AND outbox_messages.tenant_id = lane_tenants.tenant_id
     AND outbox_messages.status IN ('pending', 'retrying')
-    AND outbox_messages.claim_order_at <= :due_by
-    AND outbox_messages.next_attempt_at <= :now) AS head_at
+    AND outbox_messages.claim_order_at <= :due_by AND outbox_messages.next_attempt_at <= :now
+ORDER BY outbox_messages.claim_order_at
+LIMIT :limit_3) AS head_at
 FROM lane_tenants
 WHERE lane_tenants.tenant_id IS NOT NULL
 UNION ALL
-SELECT lane_tenants.tenant_id AS tenant_id, :value_7 AS bulk,
-    (SELECT min(outbox_messages.claim_order_at) AS min_3
+SELECT lane_tenants.tenant_id AS tenant_id, :value_7 AS bulk, (SELECT outbox_messages.claim_order_at
 FROM outbox_messages
 WHERE outbox_messages.bulk = true AND outbox_messages.tenant_id = lane_tenants.tenant_id
     AND outbox_messages.status IN ('pending', 'retrying')
-    AND outbox_messages.claim_order_at <= :due_by
-    AND outbox_messages.next_attempt_at <= :now) AS head_at
+    AND outbox_messages.claim_order_at <= :due_by AND outbox_messages.next_attempt_at <= :now
+ORDER BY outbox_messages.claim_order_at
+LIMIT :limit_4) AS head_at
 FROM lane_tenants
 WHERE lane_tenants.tenant_id IS NOT NULL) AS lanes
 WHERE lanes.head_at IS NOT NULL) AS lane_parts),
@@ -296,7 +298,8 @@ WHERE outbox_messages.tenant_id = lane_shares.tenant_id AND outbox_messages.bulk
     AND outbox_messages.status IN ('pending', 'retrying')
     AND outbox_messages.claim_order_at <= :due_by AND outbox_messages.next_attempt_at <= :now
 ORDER BY outbox_messages.claim_order_at, outbox_messages.id
-LIMIT lane_shares.share FOR UPDATE SKIP LOCKED) AS lane_heads ON true),
+LIMIT lane_shares.share FOR UPDATE SKIP LOCKED) AS lane_heads ON true
+LIMIT :limit_5),
 updated AS
 (UPDATE outbox_messages
 SET status='processing', updated_at=:now, claim_token=:claim_token, claimed_by=:claimed_by,

@@ -188,14 +188,15 @@ VALUES (:message_history_message_id, :message_history_from_status, :message_hist
 -- first without starving the rest.
 -- step 1 of 5
 WITH RECURSIVE lane_tenants(tenant_id) AS
-(SELECT min(outbox_messages.tenant_id) AS tenant_id
+(SELECT (SELECT outbox_messages.tenant_id
+FROM outbox_messages
+WHERE outbox_messages.status IN ('pending', 'retrying') ORDER BY outbox_messages.tenant_id
+LIMIT :limit OFFSET :offset) AS tenant_id UNION ALL SELECT (SELECT outbox_messages.tenant_id
 FROM outbox_messages
 WHERE outbox_messages.status IN ('pending', 'retrying')
-UNION ALL
-SELECT (SELECT min(outbox_messages.tenant_id) AS min_2
-FROM outbox_messages
-WHERE outbox_messages.status IN ('pending', 'retrying')
-    AND outbox_messages.tenant_id > lane_tenants.tenant_id) AS anon_1
+    AND outbox_messages.tenant_id > lane_tenants.tenant_id
+ORDER BY outbox_messages.tenant_id
+LIMIT :limit_2 OFFSET :offset_2) AS anon_1
 FROM lane_tenants
 WHERE lane_tenants.tenant_id IS NOT NULL)
 SELECT lane_parts.tenant_id, lane_parts.bulk, lane_parts.part + CASE
@@ -206,22 +207,25 @@ FROM (SELECT lanes.tenant_id AS tenant_id, lanes.bulk AS bulk,
     :part_2 ELSE :part_3 END) OVER () AS part, row_number() OVER (ORDER BY lanes.head_at,
     lanes.tenant_id, lanes.bulk) AS rank
 FROM (SELECT lane_tenants.tenant_id AS tenant_id, :bulk AS bulk,
-    (SELECT min(outbox_messages.claim_order_at) AS min_1
+    (SELECT outbox_messages.claim_order_at
 FROM outbox_messages
 WHERE outbox_messages.bulk = 0 AND outbox_messages.tenant_id = lane_tenants.tenant_id
     AND outbox_messages.status IN ('pending', 'retrying')
     AND outbox_messages.claim_order_at <= :claim_order_at
-    AND outbox_messages.next_attempt_at <= :next_attempt_at) AS head_at
+    AND outbox_messages.next_attempt_at <= :next_attempt_at
+ORDER BY outbox_messages.claim_order_at
+LIMIT :limit_3 OFFSET :offset_3) AS head_at
 FROM lane_tenants
 WHERE lane_tenants.tenant_id IS NOT NULL
 UNION ALL
-SELECT lane_tenants.tenant_id AS tenant_id, :bulk_2 AS bulk,
-    (SELECT min(outbox_messages.claim_order_at) AS min_3
+SELECT lane_tenants.tenant_id AS tenant_id, :bulk_2 AS bulk, (SELECT outbox_messages.claim_order_at
 FROM outbox_messages
 WHERE outbox_messages.bulk = 1 AND outbox_messages.tenant_id = lane_tenants.tenant_id
     AND outbox_messages.status IN ('pending', 'retrying')
     AND outbox_messages.claim_order_at <= :claim_order_at
-    AND outbox_messages.next_attempt_at <= :next_attempt_at) AS head_at
+    AND outbox_messages.next_attempt_at <= :next_attempt_at
+ORDER BY outbox_messages.claim_order_at
+LIMIT :limit_4 OFFSET :offset_4) AS head_at
 FROM lane_tenants
 WHERE lane_tenants.tenant_id IS NOT NULL) AS lanes
 WHERE lanes.head_at IS NOT NULL) AS lane_parts;
