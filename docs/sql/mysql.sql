@@ -189,11 +189,11 @@ VALUES (:message_history_message_id, :message_history_from_status, :message_hist
 WITH RECURSIVE lane_tenants(tenant_id) AS
 (SELECT (SELECT claimable_tenant
 FROM outbox_messages
-WHERE claimable_tenant IS NOT NULL ORDER BY claimable_tenant
+WHERE claimable_tenant IS NOT NULL ORDER BY claimable_tenant, outbox_messages.bulk, claimable_at
 LIMIT :limit) AS tenant_id UNION ALL SELECT (SELECT claimable_tenant
 FROM outbox_messages
 WHERE claimable_tenant IS NOT NULL AND claimable_tenant > lane_tenants.tenant_id
-ORDER BY claimable_tenant
+ORDER BY claimable_tenant, outbox_messages.bulk, claimable_at
 LIMIT :limit_2) AS anon_1
 FROM lane_tenants
 WHERE lane_tenants.tenant_id IS NOT NULL)

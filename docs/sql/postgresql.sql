@@ -251,12 +251,13 @@ COMMIT;
 WITH RECURSIVE lane_tenants(tenant_id) AS
 (SELECT (SELECT outbox_messages.tenant_id
 FROM outbox_messages
-WHERE outbox_messages.status IN ('pending', 'retrying') ORDER BY outbox_messages.tenant_id
+WHERE outbox_messages.status IN ('pending', 'retrying')
+ORDER BY outbox_messages.tenant_id, outbox_messages.bulk, outbox_messages.claim_order_at
 LIMIT :limit) AS tenant_id UNION ALL SELECT (SELECT outbox_messages.tenant_id
 FROM outbox_messages
 WHERE outbox_messages.status IN ('pending', 'retrying')
     AND outbox_messages.tenant_id > lane_tenants.tenant_id
-ORDER BY outbox_messages.tenant_id
+ORDER BY outbox_messages.tenant_id, outbox_messages.bulk, outbox_messages.claim_order_at
 LIMIT :limit_2) AS anon_5
 FROM lane_tenants
 WHERE lane_tenants.tenant_id IS NOT NULL),
