@@ -140,13 +140,12 @@ def _tenants(
     """The tenants with claimable mail (a CTE of `tenant_id`, NULLs among them), one probe
     of the lanes index each on PostgreSQL and SQLite."""
 
-    # A recursive CTE: each step the next tenant, `ORDER BY ... LIMIT 1` down the index.
-    # (MariaDB's range cannot use the outer value, so there each step reads the index from
-    # the previous tenant on, index only: 20,000 entries for a backlog of 20,000. A
-    # GROUP BY, its loose index scan, it would not use here.)
-    # In the lanes index's whole order, which no other index has: PostgreSQL took the
-    # (tenant_id, idempotency_key) index for `ORDER BY tenant_id`, and that one holds every
-    # finished message too.
+    # A recursive CTE: each step the next tenant, `ORDER BY ... LIMIT 1` in the lanes
+    # index's whole order, which no other index has (for `ORDER BY tenant_id` PostgreSQL
+    # took the (tenant_id, idempotency_key) index, which holds every finished message too).
+    # MariaDB's range cannot use the outer value, so there a step reads the index from the
+    # previous tenant on, index only: 20,000 entries for a backlog of 20,000. (A GROUP BY,
+    # its loose index scan, it did not use here, and read the range twice.)
     def next_tenant(after: ColumnElement[bool]) -> Any:
         first = select(tenant).select_from(om).where(claimable, after)
         return first.order_by(tenant, om.c.bulk, order_at).limit(1).scalar_subquery()
