@@ -146,8 +146,7 @@ def claim(
         values=values,
         now=now,
         actor=worker_id,
-        order_by=(order_at, om.c.id),
-        limit=limit,
+        limit=limit,  # in each lane's claim order (order_at, id): see store/fair.py
         skip_locked=True,
         event=EventSpec(offset=1),
         cache=("claim", limit, tuple(sorted(paused_tenants))),
