@@ -43,6 +43,21 @@ async def test_a_batch_writes_every_message_and_answers_one_result_each_in_order
     assert count_rows(db) == (5, 5)
 
 
+async def test_a_batchs_messages_are_bulk_mail_unless_an_item_says_not(db):
+    _, key = new_tenant(db)
+    async with api_client(db, key) as api:
+        answer = await api.post(
+            "/v1/messages/batch", json={"messages": [item(0), item(1, bulk=False)]}
+        )
+        assert answer.status_code == 200, answer.text
+        assert [r["message"]["bulk"] for r in answer.json()["results"]] == [True, False]
+        single = await api.post("/v1/messages", json=item(2))
+        assert single.status_code == 201 and single.json()["bulk"] is False
+        marked = await api.post("/v1/messages", json=item(3, bulk=True))
+        fetched = await api.get(f"/v1/messages/{marked.json()['id']}")
+        assert fetched.json()["bulk"] is True
+
+
 async def test_bad_items_get_their_own_problem_and_the_good_ones_are_written(db):
     tenant_id, key = new_tenant(db)
     add_sender(db.engine, tenant_id, "billing@acme.example", "Billing")

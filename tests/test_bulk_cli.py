@@ -59,6 +59,7 @@ def test_every_row_becomes_a_message_with_the_other_columns_as_data(cli, db, tmp
     assert rows[0].to_name == "Ada Lovelace"
     assert [a["address"] for a in rows[1].carried["recipients"]["cc"]] == ["boss@example.com"]
     assert all(r.template_name == "welcome" and r.tenant_id == "default" for r in rows)
+    assert all(r.bulk for r in rows)  # bulk mail: claimed after transactional mail
     assert count_rows(db) == (3, 3)
 
 

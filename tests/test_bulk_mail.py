@@ -22,6 +22,7 @@ from api_helpers import api_client, new_tenant, settings_for
 from mailbag.cli import app
 from mailbag.domain import bulk
 from mailbag.domain.bulk import BadToken, UnsubscribeLinks
+from mailbag.domain.message import new_message
 from mailbag.domain.states import Status
 from mailbag.providers.file import FileProvider
 from mailbag.settings import Settings
@@ -38,9 +39,8 @@ runner = CliRunner()
 
 
 def test_bulk_headers_leave_the_messages_own_and_keep_feedback_id_a_token() -> None:
-    assert bulk.is_bulk(["news", "bulk"]) and not bulk.is_bulk(["news"])
-    assert bulk.with_bulk_tag(["a", "bulk"]) == ["a", "bulk"]
-    assert bulk.with_bulk_tag(None) == ["bulk"]
+    assert new_message(to="a@example.org", subject="s", text="t", tags=["bulk"]).bulk
+    assert not new_message(to="a@example.org", subject="s", text="t", tags=["news"]).bulk
     assert bulk.bulk_headers({}, "t_1", "weekly news: 12") == {
         "Precedence": "bulk",
         "Feedback-ID": "weekly-news--12:t_1:mailbag",
@@ -141,7 +141,7 @@ async def test_a_bulk_message_carries_one_click_to_mailbags_link_which_suppresse
     assert again.status_code == 201 and again.json()["status"] == "failed"
 
 
-def test_send_bulk_and_the_batch_api_tag_what_they_write_as_bulk(
+def test_send_bulk_writes_bulk_mail(
     db: TestDB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MAILBAG_DATABASE_URL", db.url)
@@ -150,11 +150,11 @@ def test_send_bulk_and_the_batch_api_tag_what_they_write_as_bulk(
     done = runner.invoke(app, ["send-bulk", str(sheet), "--template", "welcome"])
     assert done.exit_code == 0, done.output
     with db.engine.connect() as conn:
-        (tags,) = conn.execute(select(outbox_messages.c.tags)).scalars().all()
-    assert tags == ["bulk"]
+        (flag,) = conn.execute(select(outbox_messages.c.bulk)).scalars().all()
+    assert flag is True
 
 
-async def test_the_batch_api_tags_its_messages_and_the_unsubscribe_rule_refuses_those_without(
+async def test_the_batch_api_writes_bulk_mail_and_the_unsubscribe_rule_refuses_it_untargeted(
     db: TestDB,
 ) -> None:
     _, key = new_tenant(db)
@@ -168,7 +168,7 @@ async def test_the_batch_api_tags_its_messages_and_the_unsubscribe_rule_refuses_
         results = answer.json()["results"]
         assert [r["result"] for r in results] == ["invalid", "created"], results
         assert "needs an unsubscribe target" in str(results[0])
-        single = await client.post("/v1/messages", json={**item, "tags": ["bulk"]})
+        single = await client.post("/v1/messages", json={**item, "tags": ["news", "bulk"]})
         assert single.status_code == 422
         assert "unsubscribe_url" in single.json()["errors"]
         plain = await client.post("/v1/messages", json=item)  # not bulk: nothing asked
@@ -181,5 +181,5 @@ async def test_the_batch_api_tags_its_messages_and_the_unsubscribe_rule_refuses_
         )
         assert [r["result"] for r in answer.json()["results"]] == ["created", "created"]
     with db.engine.connect() as conn:
-        tags = conn.execute(select(outbox_messages.c.tags)).scalars().all()
-    assert sorted(map(tuple, tags)) == [("news",), *[("news", "bulk")] * 3]
+        flags = conn.execute(select(outbox_messages.c.bulk)).scalars().all()
+    assert sorted(flags) == [False, True, True, True]  # the plain message, then the batches'

@@ -318,6 +318,7 @@ def test_send_writes_every_field_the_api_accepts_and_only_what_was_given():
         "tags": ["t"],
         "metadata": {"order": 1},
         "headers": {"X-A": "b"},
+        "bulk": True,
     }
     accepted = {field.alias or name for name, field in MessageCreate.model_fields.items()}
     parameters = set(inspect.signature(draft).parameters) - {"idempotency_key"}

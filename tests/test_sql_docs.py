@@ -28,14 +28,16 @@ def test_every_store_operation_is_in_the_sql_docs() -> None:
 
 
 def test_the_recorder_takes_every_path_a_plan_branches_to() -> None:
-    # MariaDB's claim reads a window of due ids, locks among them, updates, reads the rows
-    # back and records their events; PostgreSQL does it all in one statement. Both then
-    # read the claimed messages' attachments (references) in one more.
+    # MariaDB's claim reads the lanes with due mail and their shares, a window of each
+    # lane's due ids, locks among them, updates, reads the rows back and records their
+    # events; PostgreSQL does it all in one statement. Both then read the claimed messages'
+    # attachments (references) in one more.
     claim = next(op for op in sqldocs.OPERATIONS if op.name == "dispatch.claim")
     mysql = [" ".join(sql.split()) for sql in sqldocs.record(claim, "mysql")]  # unwrapped
-    assert len(mysql) == 6
-    assert "FOR UPDATE SKIP LOCKED" in mysql[1] and mysql[2].startswith("UPDATE")
-    assert "message_attachments" in mysql[5]
+    assert len(mysql) == 7
+    assert "lane_tenants" in mysql[0] and "claimable_tenant = " in mysql[1]
+    assert "FOR UPDATE SKIP LOCKED" in mysql[2] and mysql[3].startswith("UPDATE")
+    assert "message_attachments" in mysql[6]
     assert len(sqldocs.record(claim, "postgresql")) == 2
     # Enqueue checks the sender, then suppressions, and writes the attachment's bytes.
     enqueue = next(op for op in sqldocs.OPERATIONS if op.name == "enqueue.enqueue")

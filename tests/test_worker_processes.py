@@ -135,6 +135,36 @@ def test_four_workers_deliver_every_message_exactly_once(db, route, request, tmp
     assert len(senders) == 4  # every replica took part: the race was real
 
 
+@pytest.mark.parametrize("db", ["postgresql", "mysql"], indirect=True)
+def test_another_tenants_message_passes_a_backlog_with_several_workers(db, tmp_path):
+    # Fair queues (issue 25): tenant B's one message goes in the next claims, not after
+    # tenant A's backlog; what is left of the backlog when it was sent says so.
+    enqueue_many(db, 3000)
+    with RecordingSMTPServer() as smtp:
+        env = worker_env(db, smtp)
+        workers = [start_worker(env, tmp_path / f"w{i}.log") for i in range(3)]
+        try:
+            wait_for(lambda: counts(db).get("sent", 0) >= 100, 120, "the backlog moving")
+            b = message(0, tenant_id="tenant-b")
+            with db.engine.begin() as conn:
+                run(conn, enqueue_store.enqueue([b], now=store_now(), default_max_attempts=5))
+            unsent_then = 3000 - counts(db).get("sent", 0)
+
+            def b_sent() -> bool:
+                query = select(outbox_messages.c.status).where(
+                    outbox_messages.c.tenant_id == "tenant-b"
+                )
+                with db.engine.connect() as conn:
+                    return conn.execute(query).scalar_one() == Status.SENT.value
+
+            wait_for(b_sent, 60, "tenant B's message sent", step=0.02)
+            unsent_when_b_sent = 3000 - counts(db).get("sent", 0)
+        finally:
+            codes = [stop(w) for w in workers]
+        assert codes == [0, 0, 0], (tmp_path / "w0.log").read_text()[-2000:]
+    assert unsent_when_b_sent > unsent_then / 2, (unsent_then, unsent_when_b_sent)
+
+
 @pytest.mark.parametrize("route", ["direct", "pgbouncer"])
 @pytest.mark.parametrize("db", ["postgresql"], indirect=True)
 def test_killed_workers_never_cause_a_duplicate(db, route, request, tmp_path):

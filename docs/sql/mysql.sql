@@ -22,12 +22,12 @@ INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name
     subject, template_name, template_data, headers, tags, metadata, status, attempt_count,
     max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at,
     lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since, carried,
-    expires_at, priority, claim_order_at, attachment_count)
+    expires_at, priority, claim_order_at, attachment_count, bulk)
 VALUES (:id, :tenant_id, :idempotency_key, :to_address, :to_name, :from_address, :subject,
     :template_name, :template_data, :headers, :tags, :metadata, :status, :attempt_count,
     :max_attempts, :next_attempt_at, :created_at, :updated_at, :claim_token, :claimed_by,
     :claimed_at, :lease_expires_at, :provider, :provider_message_id, :last_error, :sent_at,
-    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count)
+    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count, :bulk)
 ON DUPLICATE KEY UPDATE id = outbox_messages.id;  -- once per row (executemany)
 -- step 4 of 9
 SELECT outbox_messages.id
@@ -44,7 +44,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.tenant_id = :tenant_id
     AND outbox_messages.idempotency_key IN (:idempotency_key_1) LOCK IN SHARE MODE;
@@ -87,13 +87,13 @@ VALUES (:record_tenant_id, :record_idempotency_key, :record_operation, :record_f
 INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count)
+    claim_order_at, attachment_count, bulk)
 VALUES (:message_id, :message_tenant_id, :message_idempotency_key, :message_to_address,
     :message_to_name, :message_subject, :message_template_name, :message_template_data,
     :message_headers, :message_tags, :message_metadata, :message_status, :message_attempt_count,
     :message_max_attempts, :message_next_attempt_at, :message_created_at, :message_updated_at,
     :message_last_error, :message_carried, :message_expires_at, :message_priority,
-    :message_claim_order_at, :message_attachment_count);
+    :message_claim_order_at, :message_attachment_count, :message_bulk);
 -- step 4 of 4
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -163,13 +163,13 @@ ON DUPLICATE KEY UPDATE n = (verification_send_counts.n + VALUES(n));
 INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count)
+    claim_order_at, attachment_count, bulk)
 VALUES (:message_id, :message_tenant_id, :message_idempotency_key, :message_to_address,
     :message_to_name, :message_subject, :message_template_name, :message_template_data,
     :message_headers, :message_tags, :message_metadata, :message_status, :message_attempt_count,
     :message_max_attempts, :message_next_attempt_at, :message_created_at, :message_updated_at,
     :message_last_error, :message_carried, :message_expires_at, :message_priority,
-    :message_claim_order_at, :message_attachment_count);
+    :message_claim_order_at, :message_attachment_count, :message_bulk);
 -- step 12 of 12
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -181,29 +181,72 @@ VALUES (:message_history_message_id, :message_history_from_status, :message_hist
 -- === dispatch ==============================================================================
 
 -- name: dispatch.claim --
--- Take up to `limit` due messages under one fresh claim token, in claim order: due time less the
--- priority's head start (content.HEAD_START), so higher priority goes first without starving the
--- rest.
--- step 1 of 6
-SELECT outbox_messages.id
+-- Take up to `limit` due messages under one fresh claim token, shared fairly among the lanes with
+-- due mail (store/fair.py: each tenant's transactional mail, and its bulk mail), each lane in claim
+-- order: due time less the priority's head start (content.HEAD_START), so higher priority goes
+-- first without starving the rest.
+-- step 1 of 7
+WITH RECURSIVE lane_tenants(tenant_id) AS
+(SELECT (SELECT claimable_tenant
 FROM outbox_messages
-WHERE outbox_messages.status IN ('pending', 'retrying') AND claimable_at <= :claimable_at
+WHERE claimable_tenant IS NOT NULL ORDER BY claimable_tenant, outbox_messages.bulk, claimable_at
+LIMIT :limit) AS tenant_id UNION ALL SELECT (SELECT claimable_tenant
+FROM outbox_messages
+WHERE claimable_tenant IS NOT NULL AND claimable_tenant > lane_tenants.tenant_id
+ORDER BY claimable_tenant, outbox_messages.bulk, claimable_at
+LIMIT :limit_2) AS anon_1
+FROM lane_tenants
+WHERE lane_tenants.tenant_id IS NOT NULL)
+SELECT lane_parts.tenant_id, lane_parts.bulk, lane_parts.part + CASE
+    WHEN (lane_parts.`rank` <= :share - sum(lane_parts.part) OVER ()) THEN :share_2
+    ELSE :share_3 END AS share
+FROM (SELECT lanes.tenant_id AS tenant_id, lanes.bulk AS bulk,
+    FLOOR((:part * CASE WHEN lanes.bulk THEN :part_2 ELSE :part_3 END) / sum(CASE WHEN lanes.bulk
+    THEN :part_2 ELSE :part_3 END) OVER ()) AS part, row_number() OVER (ORDER BY lanes.head_at,
+    lanes.tenant_id, lanes.bulk) AS `rank`
+FROM (SELECT lane_tenants.tenant_id AS tenant_id, :bulk AS bulk, (SELECT claimable_at
+FROM outbox_messages
+WHERE outbox_messages.bulk = false AND claimable_tenant = lane_tenants.tenant_id
+    AND outbox_messages.status IN ('pending', 'retrying') AND claimable_at <= :claimable_at
+    AND outbox_messages.next_attempt_at <= :next_attempt_at
+ORDER BY claimable_at
+LIMIT :limit_3) AS head_at
+FROM lane_tenants
+WHERE lane_tenants.tenant_id IS NOT NULL
+UNION ALL
+SELECT lane_tenants.tenant_id AS tenant_id, :bulk_2 AS bulk, (SELECT claimable_at
+FROM outbox_messages
+WHERE outbox_messages.bulk = true AND claimable_tenant = lane_tenants.tenant_id
+    AND outbox_messages.status IN ('pending', 'retrying') AND claimable_at <= :claimable_at
+    AND outbox_messages.next_attempt_at <= :next_attempt_at
+ORDER BY claimable_at
+LIMIT :limit_4) AS head_at
+FROM lane_tenants
+WHERE lane_tenants.tenant_id IS NOT NULL) AS lanes
+WHERE lanes.head_at IS NOT NULL) AS lane_parts;
+-- step 2 of 7
+SELECT anon_1.id, anon_1.previous_state, anon_1.order_at, anon_1.lane
+FROM (SELECT outbox_messages.id AS id, outbox_messages.status AS previous_state,
+    claimable_at AS order_at, :lane AS lane
+FROM outbox_messages
+WHERE claimable_tenant = :claimable_tenant AND outbox_messages.bulk = false
+    AND outbox_messages.status IN ('pending', 'retrying') AND claimable_at <= :claimable_at
     AND outbox_messages.next_attempt_at <= :next_attempt_at
 ORDER BY claimable_at, outbox_messages.id
-LIMIT :limit;
--- step 2 of 6
+LIMIT :limit) AS anon_1;
+-- step 3 of 7
 SELECT outbox_messages.id, outbox_messages.status AS previous_state
 FROM outbox_messages FORCE INDEX (PRIMARY)
 WHERE outbox_messages.id IN (:id_1) AND outbox_messages.status IN ('pending', 'retrying')
     AND claimable_at <= :claimable_at AND outbox_messages.next_attempt_at <= :next_attempt_at
 ORDER BY outbox_messages.id
 FOR UPDATE SKIP LOCKED;
--- step 3 of 6
+-- step 4 of 7
 UPDATE outbox_messages
 SET status='processing', updated_at=:updated_at, claim_token=:claim_token, claimed_by=:claimed_by,
     claimed_at=:claimed_at, lease_expires_at=:lease_expires_at
 WHERE outbox_messages.id IN (:id_1);
--- step 4 of 6
+-- step 5 of 7
 SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotency_key,
     outbox_messages.to_address, outbox_messages.to_name, outbox_messages.from_address,
     outbox_messages.subject, outbox_messages.template_name, outbox_messages.template_data,
@@ -214,15 +257,15 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
--- step 5 of 6
+-- step 6 of 7
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
 VALUES (:message_id, :from_status, :to_status, :at, :actor, :attempt, :provider_message_id,
     :detail);  -- once per row (executemany)
--- step 6 of 6
+-- step 7 of 7
 SELECT message_attachments.message_id, message_attachments.filename,
     message_attachments.content_type, attachments.size, message_attachments.sha256,
     message_attachments.content_id
@@ -426,7 +469,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 5 of 6
@@ -481,7 +524,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 4 of 8
@@ -535,7 +578,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 4 of 4
@@ -566,7 +609,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 4 of 9
@@ -627,7 +670,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 4 of 4
@@ -789,7 +832,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id = :id AND outbox_messages.tenant_id = :tenant_id;
 -- step 2 of 2
@@ -814,7 +857,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.status = :status AND outbox_messages.tenant_id = :tenant_id
     AND outbox_messages.to_address = :address
@@ -927,7 +970,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id = :id;
 -- step 2 of 2
@@ -941,7 +984,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.provider_message_id = :provider_message_id
 LIMIT :limit;
@@ -1106,7 +1149,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 5 of 21

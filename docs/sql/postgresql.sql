@@ -23,12 +23,12 @@ INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name
     subject, template_name, template_data, headers, tags, metadata, status, attempt_count,
     max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at,
     lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since, carried,
-    expires_at, priority, claim_order_at, attachment_count)
+    expires_at, priority, claim_order_at, attachment_count, bulk)
 VALUES (:id, :tenant_id, :idempotency_key, :to_address, :to_name, :from_address, :subject,
     :template_name, :template_data, :headers, :tags, :metadata, :status, :attempt_count,
     :max_attempts, :next_attempt_at, :created_at, :updated_at, :claim_token, :claimed_by,
     :claimed_at, :lease_expires_at, :provider, :provider_message_id, :last_error, :sent_at,
-    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count)
+    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count, :bulk)
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING;  -- once per row (executemany)
 -- step 4 of 10
 SELECT outbox_messages.id
@@ -45,7 +45,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.tenant_id = :tenant_id
     AND outbox_messages.idempotency_key IN (:idempotency_key_1);
@@ -94,7 +94,7 @@ message AS
 (INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count)
+    claim_order_at, attachment_count, bulk)
 SELECT :message_id AS id, :message_tenant_id AS tenant_id,
     :message_idempotency_key AS idempotency_key, :message_to_address AS to_address,
     :message_to_name AS to_name, :message_subject AS subject,
@@ -105,7 +105,8 @@ SELECT :message_id AS id, :message_tenant_id AS tenant_id,
     :message_created_at AS created_at, :message_updated_at AS updated_at,
     :message_last_error AS last_error, :message_carried AS carried,
     :message_expires_at AS expires_at, :message_priority AS priority,
-    :message_claim_order_at AS claim_order_at, :message_attachment_count AS attachment_count
+    :message_claim_order_at AS claim_order_at, :message_attachment_count AS attachment_count,
+    :message_bulk AS bulk
 WHERE EXISTS (SELECT 1
 FROM record) RETURNING 1),
 message_history AS
@@ -202,7 +203,7 @@ message AS
 (INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count)
+    claim_order_at, attachment_count, bulk)
 SELECT :message_id AS id, :message_tenant_id AS tenant_id,
     :message_idempotency_key AS idempotency_key, :message_to_address AS to_address,
     :message_to_name AS to_name, :message_subject AS subject,
@@ -213,7 +214,8 @@ SELECT :message_id AS id, :message_tenant_id AS tenant_id,
     :message_created_at AS created_at, :message_updated_at AS updated_at,
     :message_last_error AS last_error, :message_carried AS carried,
     :message_expires_at AS expires_at, :message_priority AS priority,
-    :message_claim_order_at AS claim_order_at, :message_attachment_count AS attachment_count
+    :message_claim_order_at AS claim_order_at, :message_attachment_count AS attachment_count,
+    :message_bulk AS bulk
 WHERE EXISTS (SELECT 1
 FROM counted) RETURNING 1),
 message_history AS
@@ -241,17 +243,64 @@ COMMIT;
 -- === dispatch ==============================================================================
 
 -- name: dispatch.claim --
--- Take up to `limit` due messages under one fresh claim token, in claim order: due time less the
--- priority's head start (content.HEAD_START), so higher priority goes first without starving the
--- rest.
+-- Take up to `limit` due messages under one fresh claim token, shared fairly among the lanes with
+-- due mail (store/fair.py: each tenant's transactional mail, and its bulk mail), each lane in claim
+-- order: due time less the priority's head start (content.HEAD_START), so higher priority goes
+-- first without starving the rest.
 -- step 1 of 2
-WITH locked AS
-(SELECT outbox_messages.id AS id, outbox_messages.status AS previous_state
+WITH RECURSIVE lane_tenants(tenant_id) AS
+(SELECT (SELECT outbox_messages.tenant_id
 FROM outbox_messages
 WHERE outbox_messages.status IN ('pending', 'retrying')
+ORDER BY outbox_messages.tenant_id, outbox_messages.bulk, outbox_messages.claim_order_at
+LIMIT :limit) AS tenant_id UNION ALL SELECT (SELECT outbox_messages.tenant_id
+FROM outbox_messages
+WHERE outbox_messages.status IN ('pending', 'retrying')
+    AND outbox_messages.tenant_id > lane_tenants.tenant_id
+ORDER BY outbox_messages.tenant_id, outbox_messages.bulk, outbox_messages.claim_order_at
+LIMIT :limit_2) AS anon_5
+FROM lane_tenants
+WHERE lane_tenants.tenant_id IS NOT NULL),
+lane_shares AS
+(SELECT lane_parts.tenant_id AS tenant_id, lane_parts.bulk AS bulk, lane_parts.part + CASE
+    WHEN (lane_parts.rank <= :rank - sum(lane_parts.part) OVER ()) THEN :value
+    ELSE :value_2 END AS share
+FROM (SELECT lanes.tenant_id AS tenant_id, lanes.bulk AS bulk,
+    (:value_3 * CASE WHEN lanes.bulk THEN :value_4 ELSE :value_5 END) / sum(CASE WHEN lanes.bulk
+    THEN :value_4 ELSE :value_5 END) OVER () AS part, row_number() OVER (ORDER BY lanes.head_at,
+    lanes.tenant_id, lanes.bulk) AS rank
+FROM (SELECT lane_tenants.tenant_id AS tenant_id, :value_6 AS bulk,
+    (SELECT outbox_messages.claim_order_at
+FROM outbox_messages
+WHERE outbox_messages.bulk = false AND outbox_messages.tenant_id = lane_tenants.tenant_id
+    AND outbox_messages.status IN ('pending', 'retrying')
+    AND outbox_messages.claim_order_at <= :due_by AND outbox_messages.next_attempt_at <= :now
+ORDER BY outbox_messages.claim_order_at
+LIMIT :limit_3) AS head_at
+FROM lane_tenants
+WHERE lane_tenants.tenant_id IS NOT NULL
+UNION ALL
+SELECT lane_tenants.tenant_id AS tenant_id, :value_7 AS bulk, (SELECT outbox_messages.claim_order_at
+FROM outbox_messages
+WHERE outbox_messages.bulk = true AND outbox_messages.tenant_id = lane_tenants.tenant_id
+    AND outbox_messages.status IN ('pending', 'retrying')
+    AND outbox_messages.claim_order_at <= :due_by AND outbox_messages.next_attempt_at <= :now
+ORDER BY outbox_messages.claim_order_at
+LIMIT :limit_4) AS head_at
+FROM lane_tenants
+WHERE lane_tenants.tenant_id IS NOT NULL) AS lanes
+WHERE lanes.head_at IS NOT NULL) AS lane_parts),
+locked AS
+(SELECT lane_heads.id AS id, lane_heads.previous_state AS previous_state
+FROM lane_shares JOIN LATERAL (SELECT outbox_messages.id AS id,
+    outbox_messages.status AS previous_state
+FROM outbox_messages
+WHERE outbox_messages.tenant_id = lane_shares.tenant_id AND outbox_messages.bulk = lane_shares.bulk
+    AND outbox_messages.status IN ('pending', 'retrying')
     AND outbox_messages.claim_order_at <= :due_by AND outbox_messages.next_attempt_at <= :now
 ORDER BY outbox_messages.claim_order_at, outbox_messages.id
-LIMIT :limit FOR UPDATE SKIP LOCKED),
+LIMIT lane_shares.share FOR UPDATE SKIP LOCKED) AS lane_heads ON true
+LIMIT :limit_5),
 updated AS
 (UPDATE outbox_messages
 SET status='processing', updated_at=:now, claim_token=:claim_token, claimed_by=:claimed_by,
@@ -268,7 +317,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -284,7 +333,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
 FROM updated;
 -- step 2 of 2
 SELECT message_attachments.message_id, message_attachments.filename,
@@ -532,7 +581,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -549,7 +598,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
 FROM updated;
 -- step 2 of 2
 SELECT hook_endpoints.id, hook_endpoints.tenant_id, hook_endpoints.events
@@ -599,7 +648,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -615,7 +664,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
 FROM updated;
 -- step 2 of 2
 WITH locked AS
@@ -669,7 +718,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -685,7 +734,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
 FROM updated;
 
 -- name: operator.resolve --
@@ -711,7 +760,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -727,7 +776,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
 FROM updated;
 -- step 2 of 3
 WITH locked AS
@@ -788,7 +837,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -804,7 +853,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
 FROM updated;
 
 -- name: operator.purge --
@@ -967,7 +1016,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id = :id AND outbox_messages.tenant_id = :tenant_id;
 -- step 2 of 2
@@ -992,7 +1041,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.status = :status AND outbox_messages.tenant_id = :tenant_id
     AND lower(outbox_messages.to_address) = :address AND outbox_messages.id < :id
@@ -1105,7 +1154,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id = :id;
 -- step 2 of 2
@@ -1119,7 +1168,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.provider_message_id = :provider_message_id
 LIMIT :limit;
@@ -1287,7 +1336,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -1303,7 +1352,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
 FROM updated;
 -- step 3 of 15
 WITH locked AS

@@ -22,12 +22,12 @@ INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name
     subject, template_name, template_data, headers, tags, metadata, status, attempt_count,
     max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at,
     lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since, carried,
-    expires_at, priority, claim_order_at, attachment_count)
+    expires_at, priority, claim_order_at, attachment_count, bulk)
 VALUES (:id, :tenant_id, :idempotency_key, :to_address, :to_name, :from_address, :subject,
     :template_name, :template_data, :headers, :tags, :metadata, :status, :attempt_count,
     :max_attempts, :next_attempt_at, :created_at, :updated_at, :claim_token, :claimed_by,
     :claimed_at, :lease_expires_at, :provider, :provider_message_id, :last_error, :sent_at,
-    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count)
+    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count, :bulk)
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING;  -- once per row (executemany)
 -- step 4 of 9
 SELECT outbox_messages.id
@@ -44,7 +44,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.tenant_id = :tenant_id
     AND outbox_messages.idempotency_key IN (:idempotency_key_1);
@@ -89,13 +89,13 @@ RETURNING 1;
 INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count)
+    claim_order_at, attachment_count, bulk)
 VALUES (:message_id, :message_tenant_id, :message_idempotency_key, :message_to_address,
     :message_to_name, :message_subject, :message_template_name, :message_template_data,
     :message_headers, :message_tags, :message_metadata, :message_status, :message_attempt_count,
     :message_max_attempts, :message_next_attempt_at, :message_created_at, :message_updated_at,
     :message_last_error, :message_carried, :message_expires_at, :message_priority,
-    :message_claim_order_at, :message_attachment_count);
+    :message_claim_order_at, :message_attachment_count, :message_bulk);
 -- step 4 of 4
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -164,13 +164,13 @@ DO UPDATE SET n = (verification_send_counts.n + excluded.n);
 INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count)
+    claim_order_at, attachment_count, bulk)
 VALUES (:message_id, :message_tenant_id, :message_idempotency_key, :message_to_address,
     :message_to_name, :message_subject, :message_template_name, :message_template_data,
     :message_headers, :message_tags, :message_metadata, :message_status, :message_attempt_count,
     :message_max_attempts, :message_next_attempt_at, :message_created_at, :message_updated_at,
     :message_last_error, :message_carried, :message_expires_at, :message_priority,
-    :message_claim_order_at, :message_attachment_count);
+    :message_claim_order_at, :message_attachment_count, :message_bulk);
 -- step 11 of 11
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -182,18 +182,66 @@ VALUES (:message_history_message_id, :message_history_from_status, :message_hist
 -- === dispatch ==============================================================================
 
 -- name: dispatch.claim --
--- Take up to `limit` due messages under one fresh claim token, in claim order: due time less the
--- priority's head start (content.HEAD_START), so higher priority goes first without starving the
--- rest.
--- step 1 of 4
-SELECT outbox_messages.id, outbox_messages.status AS previous_state
+-- Take up to `limit` due messages under one fresh claim token, shared fairly among the lanes with
+-- due mail (store/fair.py: each tenant's transactional mail, and its bulk mail), each lane in claim
+-- order: due time less the priority's head start (content.HEAD_START), so higher priority goes
+-- first without starving the rest.
+-- step 1 of 5
+WITH RECURSIVE lane_tenants(tenant_id) AS
+(SELECT (SELECT outbox_messages.tenant_id
 FROM outbox_messages
 WHERE outbox_messages.status IN ('pending', 'retrying')
+ORDER BY outbox_messages.tenant_id, outbox_messages.bulk, outbox_messages.claim_order_at
+LIMIT :limit OFFSET :offset) AS tenant_id UNION ALL SELECT (SELECT outbox_messages.tenant_id
+FROM outbox_messages
+WHERE outbox_messages.status IN ('pending', 'retrying')
+    AND outbox_messages.tenant_id > lane_tenants.tenant_id
+ORDER BY outbox_messages.tenant_id, outbox_messages.bulk, outbox_messages.claim_order_at
+LIMIT :limit_2 OFFSET :offset_2) AS anon_1
+FROM lane_tenants
+WHERE lane_tenants.tenant_id IS NOT NULL)
+SELECT lane_parts.tenant_id, lane_parts.bulk, lane_parts.part + CASE
+    WHEN (lane_parts.rank <= :share - sum(lane_parts.part) OVER ()) THEN :share_2
+    ELSE :share_3 END AS share
+FROM (SELECT lanes.tenant_id AS tenant_id, lanes.bulk AS bulk,
+    (:part * CASE WHEN lanes.bulk THEN :part_2 ELSE :part_3 END) / sum(CASE WHEN lanes.bulk THEN
+    :part_2 ELSE :part_3 END) OVER () AS part, row_number() OVER (ORDER BY lanes.head_at,
+    lanes.tenant_id, lanes.bulk) AS rank
+FROM (SELECT lane_tenants.tenant_id AS tenant_id, :bulk AS bulk,
+    (SELECT outbox_messages.claim_order_at
+FROM outbox_messages
+WHERE outbox_messages.bulk = 0 AND outbox_messages.tenant_id = lane_tenants.tenant_id
+    AND outbox_messages.status IN ('pending', 'retrying')
+    AND outbox_messages.claim_order_at <= :claim_order_at
+    AND outbox_messages.next_attempt_at <= :next_attempt_at
+ORDER BY outbox_messages.claim_order_at
+LIMIT :limit_3 OFFSET :offset_3) AS head_at
+FROM lane_tenants
+WHERE lane_tenants.tenant_id IS NOT NULL
+UNION ALL
+SELECT lane_tenants.tenant_id AS tenant_id, :bulk_2 AS bulk, (SELECT outbox_messages.claim_order_at
+FROM outbox_messages
+WHERE outbox_messages.bulk = 1 AND outbox_messages.tenant_id = lane_tenants.tenant_id
+    AND outbox_messages.status IN ('pending', 'retrying')
+    AND outbox_messages.claim_order_at <= :claim_order_at
+    AND outbox_messages.next_attempt_at <= :next_attempt_at
+ORDER BY outbox_messages.claim_order_at
+LIMIT :limit_4 OFFSET :offset_4) AS head_at
+FROM lane_tenants
+WHERE lane_tenants.tenant_id IS NOT NULL) AS lanes
+WHERE lanes.head_at IS NOT NULL) AS lane_parts;
+-- step 2 of 5
+SELECT anon_1.id, anon_1.previous_state, anon_1.order_at, anon_1.lane
+FROM (SELECT outbox_messages.id AS id, outbox_messages.status AS previous_state,
+    outbox_messages.claim_order_at AS order_at, :lane AS lane
+FROM outbox_messages
+WHERE outbox_messages.tenant_id = :tenant_id AND outbox_messages.bulk = 0
+    AND outbox_messages.status IN ('pending', 'retrying')
     AND outbox_messages.claim_order_at <= :claim_order_at
     AND outbox_messages.next_attempt_at <= :next_attempt_at
 ORDER BY outbox_messages.claim_order_at, outbox_messages.id
-LIMIT :limit OFFSET :offset;
--- step 2 of 4
+LIMIT :limit OFFSET :offset) AS anon_1;
+-- step 3 of 5
 UPDATE outbox_messages
 SET status='processing', updated_at=:updated_at, claim_token=:claim_token, claimed_by=:claimed_by,
     claimed_at=:claimed_at, lease_expires_at=:lease_expires_at
@@ -204,13 +252,13 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count;
--- step 3 of 4
+    claim_order_at, attachment_count, bulk;
+-- step 4 of 5
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
 VALUES (:message_id, :from_status, :to_status, :at, :actor, :attempt, :provider_message_id,
     :detail);  -- once per row (executemany)
--- step 4 of 4
+-- step 5 of 5
 SELECT message_attachments.message_id, message_attachments.filename,
     message_attachments.content_type, attachments.size, message_attachments.sha256,
     message_attachments.content_id
@@ -370,7 +418,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count;
+    claim_order_at, attachment_count, bulk;
 -- step 3 of 4
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -417,7 +465,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count;
+    claim_order_at, attachment_count, bulk;
 -- step 3 of 6
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -457,7 +505,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count;
+    claim_order_at, attachment_count, bulk;
 -- step 3 of 3
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -480,7 +528,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count;
+    claim_order_at, attachment_count, bulk;
 -- step 3 of 7
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -530,7 +578,7 @@ WHERE message_events.message_id = outbox_messages.id AND message_events.from_sta
     metadata, status, attempt_count, max_attempts, next_attempt_at, created_at, updated_at,
     claim_token, claimed_by, claimed_at, lease_expires_at, provider, provider_message_id,
     last_error, sent_at, ambiguous_since, carried, expires_at, priority, claim_order_at,
-    attachment_count;
+    attachment_count, bulk;
 -- step 3 of 3
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -692,7 +740,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id = :id AND outbox_messages.tenant_id = :tenant_id;
 -- step 2 of 2
@@ -717,7 +765,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.status = :status AND outbox_messages.tenant_id = :tenant_id
     AND lower(outbox_messages.to_address) = :address AND outbox_messages.id < :id
@@ -830,7 +878,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.id = :id;
 -- step 2 of 2
@@ -844,7 +892,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count
+    outbox_messages.attachment_count, outbox_messages.bulk
 FROM outbox_messages
 WHERE outbox_messages.provider_message_id = :provider_message_id
 LIMIT :limit OFFSET :offset;
@@ -1002,7 +1050,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count;
+    claim_order_at, attachment_count, bulk;
 -- step 4 of 19
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)

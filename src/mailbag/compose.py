@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import quote
 
 from mailbag.domain import dkim
-from mailbag.domain.bulk import UnsubscribeLinks, bulk_headers, is_bulk
+from mailbag.domain.bulk import UnsubscribeLinks, bulk_headers
 from mailbag.domain.content import Address, Attachment, Recipients, unresolved_cid
 from mailbag.domain.dkim import SigningKey
 from mailbag.domain.message import (
@@ -265,7 +265,7 @@ def compose(
     from_email = message.from_address or default_from_email
     from_name = default_from_name if message.from_address is None else message.from_name
     headers, unsubscribe_url = dict(message.headers), message.unsubscribe_url
-    if is_bulk(message.tags):
+    if message.bulk:
         headers |= bulk_headers(headers, message.tenant_id, message.template_name)
         if unsubscribe_url is None and unsubscribe is not None:
             to = message.all_recipients.to[0].address  # the one the store indexes

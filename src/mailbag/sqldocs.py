@@ -267,7 +267,13 @@ OPERATIONS: list[Operation | Statement] = [
     Operation(
         dispatch.claim,
         {"worker_id": "worker-1", "now": NOW, "lease": timedelta(minutes=5), "limit": 10},
-        samples={"status": Status.PROCESSING.value, "previous_state": Status.PENDING.value},
+        # One lane with due mail (store/fair.py: its share of the batch, its rows' lane).
+        samples={
+            "status": Status.PROCESSING.value,
+            "previous_state": Status.PENDING.value,
+            "share": 10,
+            "lane": 0,
+        },
     ),
     Operation(
         dispatch.release_unconfirmed,

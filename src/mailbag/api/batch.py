@@ -38,8 +38,15 @@ router = APIRouter(prefix="/v1/messages", tags=["messages"])
 
 
 class BatchItem(MessageCreate):
-    """One message of a batch: the body of POST /v1/messages, and its own key."""
+    """One message of a batch: the body of POST /v1/messages, and its own key; bulk mail
+    unless it says `"bulk": false`."""
 
+    bulk: bool = Field(
+        True,
+        description="Bulk mail unless false: a batch's messages are claimed after "
+        "transactional mail (a quarter of its share), never starved by it.",
+        examples=[True],
+    )
     idempotency_key: str | None = Field(
         None,
         min_length=1,
@@ -137,7 +144,7 @@ def _item(
         if given.idempotency_key is not None and given.idempotency_key in keys:
             first = keys[given.idempotency_key]
             raise InvalidMessage({"idempotency_key": f"item {first} of this batch has it too"})
-        message = message_from(given, svc, tenant_id=tenant, key=given.idempotency_key, bulk=True)
+        message = message_from(given, svc, tenant_id=tenant, key=given.idempotency_key)
     except InvalidMessage as exc:  # MessageTooLarge too
         return Item(None, _problem(exc), raw)
     if given.idempotency_key is not None:

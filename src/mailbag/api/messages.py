@@ -20,7 +20,6 @@ from mailbag.api.schemas import (
     MessageOut,
     MessagePage,
 )
-from mailbag.domain.bulk import with_bulk_tag
 from mailbag.domain.content import Address, Attachment, Limits, guess_content_type
 from mailbag.domain.message import (
     ANY_ADDRESS,
@@ -59,17 +58,14 @@ async def create_message(body: MessageCreate, call: CallDep, response: Response)
 
 
 def message_from(
-    body: MessageCreate, svc: Services, *, tenant_id: str, key: str | None, bulk: bool = False
+    body: MessageCreate, svc: Services, *, tenant_id: str, key: str | None
 ) -> NewMessage:
     """The message a request body asks for, through services.intake with the API's settings
     and templates (InvalidMessage, MessageTooLarge): POST /v1/messages and each item of a
-    batch (`bulk`: tagged as bulk mail, domain/bulk.py)."""
+    batch."""
     rules = intake.Rules.of(svc.settings, catalog=svc.catalog)
-    given = {name: getattr(body, name) for name in AS_GIVEN}
-    if bulk:
-        given["tags"] = with_bulk_tag(given.get("tags"))
     return rules.message(
-        **given,
+        **{name: getattr(body, name) for name in AS_GIVEN},
         to=_mailboxes(body.to) or [],
         cc=_mailboxes(body.cc),
         bcc=_mailboxes(body.bcc),

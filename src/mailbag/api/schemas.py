@@ -230,9 +230,15 @@ class MessageCreate(Strict):
     )
     priority: Literal["high", "normal", "low"] = Field(
         "normal",
-        description="Among due messages, higher priority is claimed first (a head start of "
-        "5 minutes per level, so nothing starves).",
+        description="Among a tenant's due messages, higher priority is claimed first (a head "
+        "start of 5 minutes per level, so nothing starves).",
         examples=["high"],
+    )
+    bulk: bool = Field(
+        False,
+        description="Bulk mail (a newsletter, an announcement), not transactional: claimed "
+        "after transactional mail (a quarter of its share), never starved by it.",
+        examples=[False],
     )
     unsubscribe_url: str | None = Field(
         None,
@@ -314,6 +320,7 @@ class MessageOut(BaseModel):
     metadata: dict[str, Any]
     headers: dict[str, str]
     priority: Literal["high", "normal", "low"] = "normal"
+    bulk: bool = False
     expires_at: datetime | None = None
     unsubscribe_url: str | None = None
     unsubscribe_mailto: str | None = None

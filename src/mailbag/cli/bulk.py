@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mailbag.cli.invocation import database, fail, settings, tenant_id
-from mailbag.domain.bulk import BULK_TAG
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -341,7 +340,7 @@ class RowChecker:
                 tenant_id=self.tenant,
                 idempotency_key=key,
                 priority=self.priority,
-                tags=[BULK_TAG],  # bulk mail: List-Unsubscribe, Precedence (domain/bulk.py)
+                bulk=True,
             )
         except InvalidMessage as exc:
             return str(exc), None

@@ -98,6 +98,7 @@ class Message(_Answer):
     metadata: dict[str, Any] = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict)
     priority: Priority = "normal"
+    bulk: bool = False  # bulk mail: claimed after transactional mail, with List-Unsubscribe
     expires_at: datetime | None = None
     unsubscribe_url: str | None = None
     unsubscribe_mailto: str | None = None

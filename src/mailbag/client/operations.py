@@ -90,11 +90,14 @@ def draft(
     tags: Sequence[str] = (),
     metadata: Mapping[str, Any] | None = None,
     headers: Mapping[str, str] | None = None,
+    bulk: bool | None = None,
     idempotency_key: str | None = None,
 ) -> Draft:
     """An email: a `template` with its `data`, or ready-made content (`subject` with
     `html` and/or `text`). `to`, `cc`, `bcc` and `reply_to` take an address, an Address
-    (with a name), or a list of them; datetimes need a zone."""
+    (with a name), or a list of them; datetimes need a zone. `bulk`: bulk mail (a
+    newsletter: after transactional mail, with List-Unsubscribe); unset, the server's
+    default (no for one message, yes for a batch's)."""
     given: dict[str, Any] = {
         "to": _mailboxes(to),
         "to_name": to_name,
@@ -118,6 +121,7 @@ def draft(
         "tags": list(tags) or None,
         "metadata": None if metadata is None else dict(metadata),
         "headers": None if headers is None else dict(headers),
+        "bulk": bulk,
     }
     # Defaults are left out: the body is what the caller said, no more.
     body = {name: value for name, value in given.items() if value is not None}

@@ -1,8 +1,8 @@
 """Bulk mail as the mailbox providers want it (Gmail's and Yahoo's sender rules, 2024).
 
-A message is bulk when its tags hold `bulk` (`is_bulk`): `mailbag send-bulk` and
-`POST /v1/messages/batch` tag every message so, and any caller may (a category). A bulk
-message carries:
+A message is bulk when NewMessage.bulk says so (domain/message.py, the one definition):
+`mailbag send-bulk` and `POST /v1/messages/batch` send bulk mail, a caller may say
+`bulk=True`, and a `bulk` tag (a category) says it too. A bulk message carries:
 
 - List-Unsubscribe with one-click (RFC 8058). Its own `unsubscribe_url` if it has one; else,
   with PUBLIC_URL set, mailbag's own link (`UnsubscribeLinks`): `PUBLIC_URL/v1/unsubscribe/
@@ -20,7 +20,7 @@ Pure: the signing is itsdangerous's, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,16 +32,6 @@ FEEDBACK_ID_PART_MAX = 60  # Gmail's Feedback-ID: a few short colon-separated pa
 
 class BadToken(ValueError):
     """An unsubscribe token that is not one of this deployment's."""
-
-
-def is_bulk(tags: Iterable[str]) -> bool:
-    return BULK_TAG in tags
-
-
-def with_bulk_tag(tags: Iterable[str] | None) -> list[str]:
-    """`tags` with `bulk` among them (added last, once)."""
-    found = list(tags or [])
-    return found if BULK_TAG in found else [*found, BULK_TAG]
 
 
 def bulk_headers(own: Mapping[str, str], tenant_id: str, template: str | None) -> dict[str, str]:
@@ -99,12 +89,10 @@ class UnsubscribeLinks:
         return Unsubscriber(tenant_id, address, message_id)
 
 
-def unsubscribe_problem(
-    tags: Iterable[str], url: str | None, mailto: str | None, links: bool
-) -> str | None:
+def unsubscribe_problem(bulk: bool, url: str | None, mailto: str | None, links: bool) -> str | None:
     """REQUIRE_UNSUBSCRIBE_FOR_BULK: why a message cannot go as it is, or None. `links`:
     whether mailbag makes its own (PUBLIC_URL is set)."""
-    if not is_bulk(tags) or url or mailto or links:
+    if not bulk or url or mailto or links:
         return None
     return (
         "a bulk message needs an unsubscribe target: give unsubscribe_url (one-click, "

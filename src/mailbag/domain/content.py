@@ -194,6 +194,15 @@ def head_start(priority: int) -> timedelta:
     return HEAD_START * priority
 
 
+# Fair claiming (store/fair.py): due mail waits in lanes, one per tenant for its
+# transactional mail and one for its bulk mail (message.NewMessage.bulk), and each claim
+# shares its batch among the lanes with due mail by these weights; the claim rule above
+# orders each lane. So one tenant's backlog cannot hold up another tenant's mail, and a
+# transactional lane gets four times a bulk lane's share, while bulk mail always gets some.
+TRANSACTIONAL_WEIGHT = 4
+BULK_WEIGHT = 1
+
+
 def content_type_problem(value: str) -> str | None:
     if not _CONTENT_TYPE.match(value) or len(value) > CONTENT_TYPE_MAX:
         return "must be a MIME type such as application/pdf (type/subtype, lower case)"

@@ -14,6 +14,7 @@ import idna
 from email_validator import EmailNotValidError, validate_email
 
 from mailbag.domain import storable
+from mailbag.domain.bulk import BULK_TAG
 from mailbag.domain.content import (
     BODY_MAX_BYTES,
     FILENAME_MAX,
@@ -154,6 +155,12 @@ class NewMessage:
     unsubscribe_url: str | None = None
     unsubscribe_mailto: str | None = None
     max_attempts: int | None = None
+    # Bulk mail (newsletters, announcements: what `mailbag send-bulk` and
+    # `POST /v1/messages/batch` send, or `bulk=True` / `"bulk": true` says) as opposed to
+    # transactional mail (a verification, a password reset, a receipt: everything else).
+    # The one definition: claiming puts transactional mail ahead of bulk mail without
+    # starving it (store/fair.py), and whatever else treats bulk mail differently asks this.
+    bulk: bool = False
 
     @property
     def to_address(self) -> str:
@@ -191,6 +198,7 @@ class NewMessage:
             "unsubscribe_url": self.unsubscribe_url,
             "unsubscribe_mailto": self.unsubscribe_mailto,
             "max_attempts": self.max_attempts,
+            "bulk": self.bulk,
         }
 
 
@@ -303,6 +311,7 @@ def new_message(
     unsubscribe_url: str | None = None,
     unsubscribe_mailto: str | None = None,
     max_attempts: int | None = None,
+    bulk: bool = False,
     known_templates: Collection[str] | None = None,
     address_rules: AddressRules = AddressRules(),
     limits: Limits = Limits(),
@@ -315,7 +324,8 @@ def new_message(
     `text` (the text part is generated from the HTML when only HTML is given;
     `inline_css` moves its <style> rules into style attributes first). `address_rules`
     says what the deployment can send to, `limits` how much one message may carry
-    (services.intake passes the deployment's). Size problems raise MessageTooLarge."""
+    (services.intake passes the deployment's). `bulk` marks bulk mail (NewMessage.bulk).
+    Size problems raise MessageTooLarge."""
     check = _Check(address_rules, limits)
     # Each group of fields has its checks, run in this order (errors name the fields in the
     # order they were found).
@@ -330,8 +340,11 @@ def new_message(
     delivery = _delivery(
         priority, unsubscribe_url, unsubscribe_mailto, max_attempts, send_at, expires_at, check
     )
+    if not isinstance(bulk, bool):
+        check.errors["bulk"] = "must be true or false"
     check.verdict()
-    return NewMessage(**parties, **owner, **content, **labels, **delivery)
+    bulk = bulk or BULK_TAG in labels["tags"]  # a category may say it too (domain/bulk.py)
+    return NewMessage(**parties, **owner, **content, **labels, **delivery, bulk=bulk)
 
 
 @dataclass(frozen=True)
@@ -871,6 +884,7 @@ class Message:
     priority: int = Priority.NORMAL
     claim_order_at: datetime | None = None
     attachment_count: int = 0
+    bulk: bool = False  # NewMessage.bulk (migration 0019)
     # then what the `carried` JSON column holds (store.message_transitions unpacks it),
     from_name: str | None = None
     recipients: Recipients | None = None  # None: to_address alone (see `all_recipients`)

@@ -178,7 +178,7 @@ class Rules:
             message = new_message(**fields)
         if self.require_unsubscribe and (
             problem := unsubscribe_problem(
-                message.tags,
+                message.bulk,
                 message.unsubscribe_url,
                 message.unsubscribe_mailto,
                 self.makes_unsubscribe_links,

@@ -77,6 +77,7 @@ def public(m: Message, events: list[Any] | None = None) -> dict[str, Any]:
         "metadata": dict(m.metadata),
         "headers": dict(m.headers),
         "priority": Priority(m.priority).label,
+        "bulk": m.bulk,
         "expires_at": m.expires_at.isoformat() if m.expires_at else None,
         "unsubscribe_url": m.unsubscribe_url,
         "unsubscribe_mailto": m.unsubscribe_mailto,
@@ -139,6 +140,7 @@ def message_fingerprint(message: NewMessage) -> str:
         ],
         "expires_at": message.expires_at,
         "priority": int(message.priority),
+        "bulk": message.bulk,
         "unsubscribe_url": message.unsubscribe_url,
         "unsubscribe_mailto": message.unsubscribe_mailto,
     }

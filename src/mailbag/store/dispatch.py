@@ -22,7 +22,6 @@ from sqlalchemy import (
     cast,
     func,
     literal,
-    literal_column,
     select,
     update,
 )
@@ -34,6 +33,7 @@ from mailbag.domain.delivery import Decision
 from mailbag.domain.message import Message, truncate_error
 from mailbag.domain.states import Action, Status
 from mailbag.store import attachments
+from mailbag.store.fair import LANES, MYSQL_CLAIMABLE_AT
 from mailbag.store.message_transitions import (
     CLAIM_CLEARED,
     LAST_ERROR,
@@ -48,9 +48,6 @@ from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import message_events
 from mailbag.store.transition import NOW, EventSpec
 from mailbag.store.types import UTCDateTime
-
-# MariaDB's generated stand-in for the partial claim index (see schema.py).
-MYSQL_CLAIMABLE_AT = literal_column("claimable_at", UTCDateTime())
 
 UNCONFIRMED_CLAIM = "claimed, but the worker never heard so: released unsent; no attempt spent"
 LEASE_EXPIRED = "lease expired before the send was finalized; the provider may have accepted it"
@@ -111,10 +108,12 @@ def claim(
     token: uuid.UUID | None = None,
     paused_tenants: frozenset[str] = frozenset(),
 ) -> Plan[Claim]:
-    """Take up to `limit` due messages under one fresh claim token, in claim order: due time
-    less the priority's head start (content.HEAD_START), so higher priority goes first
-    without starving the rest. Their attachments come along (references, not bytes).
-    Messages of `paused_tenants` (an operator's pause) are left where they are.
+    """Take up to `limit` due messages under one fresh claim token, shared fairly among
+    the lanes with due mail (store/fair.py: each tenant's transactional mail, and its bulk
+    mail), each lane in claim order: due time less the priority's head start
+    (content.HEAD_START), so higher priority goes first without starving the rest. Their
+    attachments come along (references, not bytes). Messages of `paused_tenants` (an
+    operator's pause) are left where they are.
 
     Every due message has claim_order_at <= now + HEAD_START (the lowest priority's head
     start is -HEAD_START), which bounds the claim index's range; next_attempt_at <= now
@@ -146,14 +145,15 @@ def claim(
         values=values,
         now=now,
         actor=worker_id,
-        order_by=(order_at, om.c.id),
-        limit=limit,
+        limit=limit,  # in each lane's claim order (order_at, id): see store/fair.py
         skip_locked=True,
         event=EventSpec(offset=1),
         cache=("claim", limit, tuple(sorted(paused_tenants))),
         params=params,
+        candidates=LANES,
     )
-    claimed = sorted((c.message for c in changed), key=lambda m: (m.claim_order_at, m.id))
+    # Transactional mail first: a worker that cannot start them all at once starts those.
+    claimed = sorted((c.message for c in changed), key=lambda m: (m.bulk, m.claim_order_at, m.id))
     return Claim(token, (yield from attachments.attached(claimed)))
 
 

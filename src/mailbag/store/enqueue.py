@@ -252,6 +252,7 @@ def _new_row(
         "priority": int(m.priority),
         "claim_order_at": next_attempt_at - head_start(m.priority),
         "attachment_count": len(m.attachments),
+        "bulk": m.bulk,
     }
 
 
@@ -292,4 +293,5 @@ FIRST_USE_COLUMNS = (
     "priority",
     "claim_order_at",
     "attachment_count",
+    "bulk",
 )

@@ -28,7 +28,7 @@ from mailbag.domain.states import MESSAGES, Action, Status
 from mailbag.store import hooks, verifications
 from mailbag.store.plan import Plan
 from mailbag.store.schema import message_events, outbox_messages
-from mailbag.store.transition import EventSpec, Tracked, apply_transition
+from mailbag.store.transition import Candidates, EventSpec, Tracked, apply_transition
 
 om = outbox_messages
 MESSAGE_ROWS: Tracked[Status, Action] = Tracked(
@@ -188,11 +188,12 @@ def transition(
     as_row: Callable[[Row[Any]], M],
     cache: Hashable | None = None,
     params: Mapping[str, Any] | None = None,
+    candidates: Candidates | None = None,
 ) -> Plan[list[Changed[M]]]:
     """Move the messages matching `where` that `action` allows; record each move and carry
     it over to the verifications that sent them. Rows come back as `as_row` makes them:
     whole Messages (`message_from_row`), or `settled_from_row` summaries (a worker's
-    finalize). `cache` and `params`: see transition.guarded_update."""
+    finalize). `cache`, `params` and `candidates`: see transition.guarded_update."""
     updated = yield from apply_transition(
         MESSAGE_ROWS,
         action,
@@ -207,6 +208,7 @@ def transition(
         columns=SETTLED_COLUMNS if as_row is settled_from_row else None,
         cache=cache,
         params=params,
+        candidates=candidates,
     )
     changed = [Changed(as_row(row), _STATUS[previous]) for row, previous in updated]
     yield from verifications.follow_messages(changed, now=now, actor=actor)

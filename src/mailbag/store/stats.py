@@ -10,7 +10,7 @@ from sqlalchemy import ColumnElement, Row, ScalarSelect, Table, func, literal_co
 
 from mailbag.domain.content import HEAD_START
 from mailbag.domain.states import CLAIMABLE, TERMINAL, Status
-from mailbag.store.dispatch import MYSQL_CLAIMABLE_AT
+from mailbag.store.fair import MYSQL_CLAIMABLE_AT
 from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import message_events as me
 from mailbag.store.schema import outbox_messages as om

@@ -25,13 +25,14 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
     Executable,
     Insert,
     Row,
+    Select,
     String,
     Table,
     and_,
@@ -58,12 +59,28 @@ A = TypeVar("A", bound=StrEnum)
 MYSQL_WINDOW = 4
 
 
+class Candidates(Protocol):
+    """Which of the rows matching a guard a limited update takes, when that is more than
+    the first in one order (store/fair.py: shared among lanes)."""
+
+    def locked(self, guard: ColumnElement[bool], limit: int) -> Select[Any]:
+        """PostgreSQL: (id, previous_state) of at most `limit` rows, locked as they are
+        read (FOR UPDATE SKIP LOCKED), to be the statement's `locked` CTE."""
+        ...
+
+    def window(self, guard: ColumnElement[bool], limit: int, per_row: int) -> Plan[list[Row[Any]]]:
+        """Elsewhere: (id, previous_state) of about `limit * per_row` rows, unlocked, the
+        ones to take first first."""
+        ...
+
+
 def _mysql_lockable(
     table: Table,
     state: str,
     guard: ColumnElement[bool],
     order_by: Sequence[ColumnElement[Any]],
     limit: int,
+    candidates: Candidates | None = None,
 ) -> Plan[list[Row[Any]]]:
     """MariaDB's SKIP LOCKED through a secondary index keeps its locks on the index entries
     of rows it skipped, so two claimers can deadlock on each other's index entries. So:
@@ -72,11 +89,15 @@ def _mysql_lockable(
     The window is in `order_by` order and the locks go to its head: chunk by chunk, each
     chunk as large as what is still wanted, every unlocked row of a chunk is taken (so no
     row is locked and then left out). Locking `ORDER BY id LIMIT n` over the whole window
-    would prefer the oldest ids (uuid7s: the first enqueued) to the window's order."""
-    window = select(table.c.id).where(guard).limit(limit * MYSQL_WINDOW)
-    if order_by:
-        window = window.order_by(*order_by)
-    ids = list((yield Step(window)).scalars().all())
+    would prefer the oldest ids (uuid7s: the first enqueued) to the window's order.
+    `candidates` gives the window instead of `order_by`."""
+    if candidates is not None:
+        ids = [row.id for row in (yield from candidates.window(guard, limit, MYSQL_WINDOW))]
+    else:
+        window = select(table.c.id).where(guard).limit(limit * MYSQL_WINDOW)
+        if order_by:
+            window = window.order_by(*order_by)
+        ids = list((yield Step(window)).scalars().all())
     picked: list[Row[Any]] = []
     while ids and len(picked) < limit:
         chunk, ids = ids[: limit - len(picked)], ids[limit - len(picked) :]
@@ -104,6 +125,7 @@ def guarded_update(
     columns: Sequence[str] | None = None,
     cache: Hashable | None = None,
     params: Mapping[str, Any] | None = None,
+    candidates: Candidates | None = None,
 ) -> Plan[list[tuple[Row[Any], str]]]:
     """Apply `values` to the rows matching `guard`; return (new row, previous state) pairs.
 
@@ -117,13 +139,16 @@ def guarded_update(
     cost more to build than the 100 rows it claims cost to read). Only for callers whose
     guard, values and history carry nothing but named bind parameters besides what the
     key names: a literal would be frozen into every later run.
+
+    `candidates` (with `limit` and `skip_locked`): which rows to take, instead of the
+    first `limit` in `order_by` order.
     """
     dialect = yield from current_dialect()
     if dialect == "postgresql":
         statement = _STATEMENTS.get(cache) if cache is not None else None
         if statement is None:
             statement = _postgresql_update(
-                table, state, guard, values, order_by, limit, skip_locked, log, columns
+                table, state, guard, values, order_by, limit, skip_locked, log, columns, candidates
             )
             if cache is not None:
                 _STATEMENTS[cache] = statement
@@ -132,18 +157,20 @@ def guarded_update(
 
     wanted = [table.c[name] for name in columns] if columns else list(table.c)
     key, state_column = table.c.id, table.c[state]
-    candidates = select(key, state_column.label("previous_state")).where(guard)
+    first = select(key, state_column.label("previous_state")).where(guard)
     if order_by:
-        candidates = candidates.order_by(*order_by)
+        first = first.order_by(*order_by)
     if limit is not None:
-        candidates = candidates.limit(limit)
+        first = first.limit(limit)
 
     if dialect == "mysql" and skip_locked and limit is not None:
-        picked = yield from _mysql_lockable(table, state, guard, order_by, limit)
+        picked = yield from _mysql_lockable(table, state, guard, order_by, limit, candidates)
+    elif candidates is not None and limit is not None:  # SQLite: one writer, nothing locked
+        picked = (yield from candidates.window(guard, limit, 1))[:limit]
     else:
         if dialect == "mysql":
-            candidates = candidates.with_for_update()
-        picked = list((yield Step(candidates)).all())
+            first = first.with_for_update()
+        picked = list((yield Step(first)).all())
     if not picked:
         return []
     previous = {row.id: row.previous_state for row in picked}
@@ -174,17 +201,21 @@ def _postgresql_update(
     skip_locked: bool,
     log: Callable[[Any], Any] | None,
     columns: Sequence[str] | None,
+    candidates: Candidates | None = None,
 ) -> Executable:
     """`WITH locked AS (SELECT ... FOR UPDATE) UPDATE ... FROM locked RETURNING ...`, and
     the history INSERT from the changed rows in the same statement when `log` is given."""
     wanted = [table.c[name] for name in columns] if columns else list(table.c)
     key = table.c.id
-    candidates = select(key, table.c[state].label("previous_state")).where(guard)
-    if order_by:
-        candidates = candidates.order_by(*order_by)
-    if limit is not None:
-        candidates = candidates.limit(limit)
-    locked = candidates.with_for_update(skip_locked=skip_locked).cte("locked")
+    if candidates is not None and limit is not None:
+        locked = candidates.locked(guard, limit).cte("locked")
+    else:
+        first = select(key, table.c[state].label("previous_state")).where(guard)
+        if order_by:
+            first = first.order_by(*order_by)
+        if limit is not None:
+            first = first.limit(limit)
+        locked = first.with_for_update(skip_locked=skip_locked).cte("locked")
     changed = (
         update(table)
         .where(key == locked.c.id)
@@ -356,6 +387,7 @@ def apply_transition(
     columns: Sequence[str] | None = None,
     cache: Hashable | None = None,
     params: Mapping[str, Any] | None = None,
+    candidates: Candidates | None = None,
 ) -> Plan[list[tuple[Row[Any], str]]]:
     """Move the rows matching `where` that `action` allows to the action's target, apply
     `values`, and record each move; return (row as it is now, state it left) pairs.
@@ -383,6 +415,7 @@ def apply_transition(
         columns=columns,
         cache=(tracked.table.name, action, event, tuple(columns or ()), cache) if cached else None,
         params={**(params or {}), "now": now, "actor": actor[:200]} if cached else params,
+        candidates=candidates,
     )
     if changed and dialect != "postgresql":
         yield from record(

@@ -3,7 +3,7 @@
 by its first deferral; nothing for a deployment whose recipients never defer.
 
 Revision ID: 0020_domain_shaping
-Revises: 0018_sender_domains
+Revises: 0019_fair_queues
 Create Date: 2026-12-02
 """
 
@@ -16,7 +16,7 @@ from mailbag.store.migrations.exact import table_options
 
 revision = "0020_domain_shaping"
 # 0019_fair_queues is being written on another branch: once it lands, this follows it.
-down_revision = "0018_sender_domains"
+down_revision = "0019_fair_queues"
 branch_labels = None
 depends_on = None
 
