@@ -22,12 +22,13 @@ INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name
     subject, template_name, template_data, headers, tags, metadata, status, attempt_count,
     max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at,
     lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since, carried,
-    expires_at, priority, claim_order_at, attachment_count, bulk)
+    expires_at, priority, claim_order_at, attachment_count, bulk, template_version_id)
 VALUES (:id, :tenant_id, :idempotency_key, :to_address, :to_name, :from_address, :subject,
     :template_name, :template_data, :headers, :tags, :metadata, :status, :attempt_count,
     :max_attempts, :next_attempt_at, :created_at, :updated_at, :claim_token, :claimed_by,
     :claimed_at, :lease_expires_at, :provider, :provider_message_id, :last_error, :sent_at,
-    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count, :bulk)
+    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count, :bulk,
+    :template_version_id)
 ON DUPLICATE KEY UPDATE id = outbox_messages.id;  -- once per row (executemany)
 -- step 4 of 9
 SELECT outbox_messages.id
@@ -44,7 +45,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.tenant_id = :tenant_id
     AND outbox_messages.idempotency_key IN (:idempotency_key_1) LOCK IN SHARE MODE;
@@ -87,13 +88,14 @@ VALUES (:record_tenant_id, :record_idempotency_key, :record_operation, :record_f
 INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk)
+    claim_order_at, attachment_count, bulk, template_version_id)
 VALUES (:message_id, :message_tenant_id, :message_idempotency_key, :message_to_address,
     :message_to_name, :message_subject, :message_template_name, :message_template_data,
     :message_headers, :message_tags, :message_metadata, :message_status, :message_attempt_count,
     :message_max_attempts, :message_next_attempt_at, :message_created_at, :message_updated_at,
     :message_last_error, :message_carried, :message_expires_at, :message_priority,
-    :message_claim_order_at, :message_attachment_count, :message_bulk);
+    :message_claim_order_at, :message_attachment_count, :message_bulk,
+    :message_template_version_id);
 -- step 4 of 4
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -138,13 +140,13 @@ VALUES (:record_tenant_id, :record_idempotency_key, :record_operation, :record_f
     :record_expires_at);
 -- step 7 of 12
 INSERT INTO email_verifications (id, tenant_id, email, state, token_digest, expires_at,
-    confirm_attempts, send_count, message_id, template_name, redirect_url, created_at, updated_at,
-    sent_at, verified_at)
+    confirm_attempts, send_count, message_id, template_name, redirect_url, locale, created_at,
+    updated_at, sent_at, verified_at)
 VALUES (:verification_id, :verification_tenant_id, :verification_email, :verification_state,
     :verification_token_digest, :verification_expires_at, :verification_confirm_attempts,
     :verification_send_count, :verification_message_id, :verification_template_name,
-    :verification_redirect_url, :verification_created_at, :verification_updated_at,
-    :verification_sent_at, :verification_verified_at);
+    :verification_redirect_url, :verification_locale, :verification_created_at,
+    :verification_updated_at, :verification_sent_at, :verification_verified_at);
 -- step 8 of 12
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -163,13 +165,14 @@ ON DUPLICATE KEY UPDATE n = (verification_send_counts.n + VALUES(n));
 INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk)
+    claim_order_at, attachment_count, bulk, template_version_id)
 VALUES (:message_id, :message_tenant_id, :message_idempotency_key, :message_to_address,
     :message_to_name, :message_subject, :message_template_name, :message_template_data,
     :message_headers, :message_tags, :message_metadata, :message_status, :message_attempt_count,
     :message_max_attempts, :message_next_attempt_at, :message_created_at, :message_updated_at,
     :message_last_error, :message_carried, :message_expires_at, :message_priority,
-    :message_claim_order_at, :message_attachment_count, :message_bulk);
+    :message_claim_order_at, :message_attachment_count, :message_bulk,
+    :message_template_version_id);
 -- step 12 of 12
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -257,7 +260,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 6 of 7
@@ -314,7 +317,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.id IN (:id_1);
@@ -373,7 +376,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.id IN (:id_1);
@@ -426,7 +429,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.id IN (:id_1);
@@ -469,7 +472,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 5 of 6
@@ -524,7 +527,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 4 of 8
@@ -546,7 +549,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.id IN (:id_1);
@@ -578,7 +581,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 4 of 4
@@ -609,7 +612,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 4 of 9
@@ -631,7 +634,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.id IN (:id_1);
@@ -670,7 +673,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 4 of 4
@@ -832,7 +835,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id = :id AND outbox_messages.tenant_id = :tenant_id;
 -- step 2 of 2
@@ -857,7 +860,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.status = :status AND outbox_messages.tenant_id = :tenant_id
     AND outbox_messages.to_address = :address
@@ -970,7 +973,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id = :id;
 -- step 2 of 2
@@ -984,7 +987,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.provider_message_id = :provider_message_id
 LIMIT :limit;
@@ -1149,7 +1152,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id IN (:id_1);
 -- step 5 of 21
@@ -1171,7 +1174,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.id IN (:id_1);
@@ -1239,7 +1242,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.tenant_id = :tenant_id
@@ -1323,16 +1326,119 @@ SELECT tenant_retention.tenant_id, tenant_retention.purge_after_days
 FROM tenant_retention;
 
 
+-- === templates =============================================================================
+
+-- name: templates.publish --
+-- Write the next version of (name, locale) and make it current; the first locale a template is
+-- published in becomes its default.
+-- step 1 of 5
+INSERT INTO templates (tenant_id, name, default_locale, created_at)
+VALUES (:tenant_id, :name, :default_locale, :created_at)
+ON DUPLICATE KEY UPDATE name = templates.name;
+-- step 2 of 5
+SELECT coalesce(max(template_versions.version), :coalesce) AS coalesce_1
+FROM template_versions
+WHERE template_versions.tenant_id = :tenant_id AND template_versions.name = :name
+    AND template_versions.locale = :locale;
+-- step 3 of 5
+INSERT INTO template_versions (id, tenant_id, name, locale, version, format, subject, html, text,
+    compiled_html, sample_data, dependencies, changed_by, created_at)
+VALUES (:id, :tenant_id, :name, :locale, :version, :format, :subject, :html, :text, :compiled_html,
+    :sample_data, :dependencies, :changed_by, :created_at);
+-- step 4 of 5
+INSERT INTO template_locales (tenant_id, name, locale, current_version, current_version_id,
+    latest_version, updated_at)
+VALUES (:tenant_id, :name, :locale, :current_version, :current_version_id, :latest_version,
+    :updated_at)
+ON DUPLICATE KEY UPDATE locale = template_locales.locale;
+-- step 5 of 5
+UPDATE template_locales
+SET current_version=:current_version, current_version_id=:current_version_id,
+    latest_version=:latest_version, updated_at=:updated_at
+WHERE template_locales.tenant_id = :tenant_id AND template_locales.name = :name
+    AND template_locales.locale = :locale AND template_locales.latest_version < :latest_version_2;
+
+-- name: templates.rollback --
+-- Make an existing version current again (None: there is no such version).
+-- step 1 of 2
+SELECT template_versions.id, template_versions.tenant_id, template_versions.name,
+    template_versions.locale, template_versions.version, template_versions.format,
+    template_versions.subject, template_versions.html, template_versions.text,
+    template_versions.compiled_html, template_versions.sample_data, template_versions.dependencies,
+    template_versions.changed_by, template_versions.created_at
+FROM template_versions
+WHERE template_versions.tenant_id = :tenant_id AND template_versions.name = :name
+    AND template_versions.locale = :locale AND template_versions.version = :version;
+-- step 2 of 2
+UPDATE template_locales
+SET current_version=:current_version, current_version_id=:current_version_id, updated_at=:updated_at
+WHERE template_locales.tenant_id = :tenant_id AND template_locales.name = :name
+    AND template_locales.locale = :locale;
+
+-- name: templates.version_of --
+-- One version of (name, locale) by its number (None: there is no such version).
+SELECT template_versions.id, template_versions.tenant_id, template_versions.name,
+    template_versions.locale, template_versions.version, template_versions.format,
+    template_versions.subject, template_versions.html, template_versions.text,
+    template_versions.compiled_html, template_versions.sample_data, template_versions.dependencies,
+    template_versions.changed_by, template_versions.created_at
+FROM template_versions
+WHERE template_versions.tenant_id = :tenant_id AND template_versions.name = :name
+    AND template_versions.locale = :locale AND template_versions.version = :version;
+
+-- name: templates.versions --
+-- Every version of (name, locale), oldest first.
+SELECT template_versions.id, template_versions.tenant_id, template_versions.name,
+    template_versions.locale, template_versions.version, template_versions.format,
+    template_versions.subject, template_versions.html, template_versions.text,
+    template_versions.compiled_html, template_versions.sample_data, template_versions.dependencies,
+    template_versions.changed_by, template_versions.created_at
+FROM template_versions
+WHERE template_versions.tenant_id = :tenant_id AND template_versions.name = :name
+    AND template_versions.locale = :locale
+ORDER BY template_versions.version;
+
+-- name: templates.by_ids --
+-- The versions with these ids (a worker's pinned messages and what they extend).
+SELECT template_versions.id, template_versions.tenant_id, template_versions.name,
+    template_versions.locale, template_versions.version, template_versions.format,
+    template_versions.subject, template_versions.html, template_versions.text,
+    template_versions.compiled_html, template_versions.sample_data, template_versions.dependencies,
+    template_versions.changed_by, template_versions.created_at
+FROM template_versions
+WHERE template_versions.id IN (:id_1, :id_2);
+
+-- name: templates.listing --
+-- The tenant's templates (only `names`, if given), by name, with their locales.
+SELECT templates.name, templates.default_locale, template_locales.locale,
+    template_locales.current_version, template_locales.latest_version, template_locales.updated_at
+FROM templates INNER JOIN template_locales ON template_locales.tenant_id = templates.tenant_id
+    AND template_locales.name = templates.name
+WHERE templates.tenant_id = :tenant_id AND templates.name IN (:name_1)
+ORDER BY templates.name, template_locales.locale;
+
+-- name: templates.current_ids --
+-- For each (tenant, name) that is a template in the database: its default locale and, by locale,
+-- its current version's (number, id).
+SELECT templates.tenant_id, templates.name, templates.default_locale, template_locales.locale,
+    template_locales.current_version, template_locales.current_version_id
+FROM templates INNER JOIN template_locales ON template_locales.tenant_id = templates.tenant_id
+    AND template_locales.name = templates.name
+WHERE (templates.tenant_id, templates.name) IN ((:wanted_1_1, :wanted_1_2), (:wanted_2_1,
+    :wanted_2_2));
+
+
 -- === verifications =========================================================================
 
 -- name: verifications.create --
 -- Insert a new verification in `created`; raises IntegrityError if one is active.
 -- step 1 of 2
 INSERT INTO email_verifications (id, tenant_id, email, state, token_digest, expires_at,
-    confirm_attempts, send_count, message_id, template_name, redirect_url, created_at, updated_at,
-    sent_at, verified_at)
+    confirm_attempts, send_count, message_id, template_name, redirect_url, locale, created_at,
+    updated_at, sent_at, verified_at)
 VALUES (:id, :tenant_id, :email, :state, :token_digest, :expires_at, :confirm_attempts, :send_count,
-    :message_id, :template_name, :redirect_url, :created_at, :updated_at, :sent_at, :verified_at);
+    :message_id, :template_name, :redirect_url, :locale, :created_at, :updated_at, :sent_at,
+    :verified_at);
 -- step 2 of 2
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -1356,7 +1462,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.id IN (:id_1);
@@ -1382,7 +1488,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.id IN (:id_1);
@@ -1418,7 +1524,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.id IN (:id_1);
@@ -1442,7 +1548,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.id = :id AND email_verifications.tenant_id = :tenant_id;
@@ -1453,7 +1559,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.tenant_id = :tenant_id AND email_verifications.email = :email

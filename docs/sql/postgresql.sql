@@ -23,12 +23,13 @@ INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name
     subject, template_name, template_data, headers, tags, metadata, status, attempt_count,
     max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at,
     lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since, carried,
-    expires_at, priority, claim_order_at, attachment_count, bulk)
+    expires_at, priority, claim_order_at, attachment_count, bulk, template_version_id)
 VALUES (:id, :tenant_id, :idempotency_key, :to_address, :to_name, :from_address, :subject,
     :template_name, :template_data, :headers, :tags, :metadata, :status, :attempt_count,
     :max_attempts, :next_attempt_at, :created_at, :updated_at, :claim_token, :claimed_by,
     :claimed_at, :lease_expires_at, :provider, :provider_message_id, :last_error, :sent_at,
-    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count, :bulk)
+    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count, :bulk,
+    :template_version_id)
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING;  -- once per row (executemany)
 -- step 4 of 10
 SELECT outbox_messages.id
@@ -45,7 +46,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.tenant_id = :tenant_id
     AND outbox_messages.idempotency_key IN (:idempotency_key_1);
@@ -94,7 +95,7 @@ message AS
 (INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk)
+    claim_order_at, attachment_count, bulk, template_version_id)
 SELECT :message_id AS id, :message_tenant_id AS tenant_id,
     :message_idempotency_key AS idempotency_key, :message_to_address AS to_address,
     :message_to_name AS to_name, :message_subject AS subject,
@@ -106,7 +107,7 @@ SELECT :message_id AS id, :message_tenant_id AS tenant_id,
     :message_last_error AS last_error, :message_carried AS carried,
     :message_expires_at AS expires_at, :message_priority AS priority,
     :message_claim_order_at AS claim_order_at, :message_attachment_count AS attachment_count,
-    :message_bulk AS bulk
+    :message_bulk AS bulk, :message_template_version_id AS template_version_id
 WHERE EXISTS (SELECT 1
 FROM record) RETURNING 1),
 message_history AS
@@ -164,15 +165,16 @@ WHERE EXISTS (SELECT 1
 FROM allowed) ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING 1),
 verification AS
 (INSERT INTO email_verifications (id, tenant_id, email, state, token_digest, expires_at,
-    confirm_attempts, send_count, message_id, template_name, redirect_url, created_at, updated_at,
-    sent_at, verified_at)
+    confirm_attempts, send_count, message_id, template_name, redirect_url, locale, created_at,
+    updated_at, sent_at, verified_at)
 SELECT :verification_id AS id, :verification_tenant_id AS tenant_id, :verification_email AS email,
     :verification_state AS state, :verification_token_digest AS token_digest,
     :verification_expires_at AS expires_at, :verification_confirm_attempts AS confirm_attempts,
     :verification_send_count AS send_count, :verification_message_id AS message_id,
     :verification_template_name AS template_name, :verification_redirect_url AS redirect_url,
-    :verification_created_at AS created_at, :verification_updated_at AS updated_at,
-    :verification_sent_at AS sent_at, :verification_verified_at AS verified_at
+    :verification_locale AS locale, :verification_created_at AS created_at,
+    :verification_updated_at AS updated_at, :verification_sent_at AS sent_at,
+    :verification_verified_at AS verified_at
 WHERE EXISTS (SELECT 1
 FROM record) RETURNING 1),
 moves AS
@@ -203,7 +205,7 @@ message AS
 (INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk)
+    claim_order_at, attachment_count, bulk, template_version_id)
 SELECT :message_id AS id, :message_tenant_id AS tenant_id,
     :message_idempotency_key AS idempotency_key, :message_to_address AS to_address,
     :message_to_name AS to_name, :message_subject AS subject,
@@ -215,7 +217,7 @@ SELECT :message_id AS id, :message_tenant_id AS tenant_id,
     :message_last_error AS last_error, :message_carried AS carried,
     :message_expires_at AS expires_at, :message_priority AS priority,
     :message_claim_order_at AS claim_order_at, :message_attachment_count AS attachment_count,
-    :message_bulk AS bulk
+    :message_bulk AS bulk, :message_template_version_id AS template_version_id
 WHERE EXISTS (SELECT 1
 FROM counted) RETURNING 1),
 message_history AS
@@ -317,7 +319,8 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -333,7 +336,8 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
+    updated.previous_state
 FROM updated;
 -- step 2 of 2
 SELECT message_attachments.message_id, message_attachments.filename,
@@ -391,7 +395,7 @@ RETURNING email_verifications.id, email_verifications.tenant_id, email_verificat
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at,
     locked.previous_state),
 logged AS
@@ -402,8 +406,8 @@ SELECT updated.id AS id, updated.previous_state AS previous_state, updated.state
 FROM updated)
 SELECT updated.id, updated.tenant_id, updated.email, updated.state, updated.token_digest,
     updated.expires_at, updated.confirm_attempts, updated.send_count, updated.message_id,
-    updated.template_name, updated.redirect_url, updated.created_at, updated.updated_at,
-    updated.sent_at, updated.verified_at, updated.previous_state
+    updated.template_name, updated.redirect_url, updated.locale, updated.created_at,
+    updated.updated_at, updated.sent_at, updated.verified_at, updated.previous_state
 FROM updated;
 
 -- name: dispatch.extend_lease --
@@ -466,7 +470,7 @@ RETURNING email_verifications.id, email_verifications.tenant_id, email_verificat
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at,
     locked.previous_state),
 logged AS
@@ -477,8 +481,8 @@ SELECT updated.id AS id, updated.previous_state AS previous_state, updated.state
 FROM updated)
 SELECT updated.id, updated.tenant_id, updated.email, updated.state, updated.token_digest,
     updated.expires_at, updated.confirm_attempts, updated.send_count, updated.message_id,
-    updated.template_name, updated.redirect_url, updated.created_at, updated.updated_at,
-    updated.sent_at, updated.verified_at, updated.previous_state
+    updated.template_name, updated.redirect_url, updated.locale, updated.created_at,
+    updated.updated_at, updated.sent_at, updated.verified_at, updated.previous_state
 FROM updated;
 -- step 3 of 5
 SELECT hook_endpoints.id, hook_endpoints.tenant_id, hook_endpoints.events
@@ -539,7 +543,7 @@ RETURNING email_verifications.id, email_verifications.tenant_id, email_verificat
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at,
     locked.previous_state),
 logged AS
@@ -550,8 +554,8 @@ SELECT updated.id AS id, updated.previous_state AS previous_state, updated.state
 FROM updated)
 SELECT updated.id, updated.tenant_id, updated.email, updated.state, updated.token_digest,
     updated.expires_at, updated.confirm_attempts, updated.send_count, updated.message_id,
-    updated.template_name, updated.redirect_url, updated.created_at, updated.updated_at,
-    updated.sent_at, updated.verified_at, updated.previous_state
+    updated.template_name, updated.redirect_url, updated.locale, updated.created_at,
+    updated.updated_at, updated.sent_at, updated.verified_at, updated.previous_state
 FROM updated;
 
 -- name: dispatch.sweep_expired --
@@ -581,7 +585,8 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -598,7 +603,8 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
+    updated.previous_state
 FROM updated;
 -- step 2 of 2
 SELECT hook_endpoints.id, hook_endpoints.tenant_id, hook_endpoints.events
@@ -648,7 +654,8 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -664,7 +671,8 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
+    updated.previous_state
 FROM updated;
 -- step 2 of 2
 WITH locked AS
@@ -681,7 +689,7 @@ RETURNING email_verifications.id, email_verifications.tenant_id, email_verificat
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at,
     locked.previous_state),
 logged AS
@@ -692,8 +700,8 @@ SELECT updated.id AS id, updated.previous_state AS previous_state, updated.state
 FROM updated)
 SELECT updated.id, updated.tenant_id, updated.email, updated.state, updated.token_digest,
     updated.expires_at, updated.confirm_attempts, updated.send_count, updated.message_id,
-    updated.template_name, updated.redirect_url, updated.created_at, updated.updated_at,
-    updated.sent_at, updated.verified_at, updated.previous_state
+    updated.template_name, updated.redirect_url, updated.locale, updated.created_at,
+    updated.updated_at, updated.sent_at, updated.verified_at, updated.previous_state
 FROM updated;
 
 -- name: operator.cancel --
@@ -718,7 +726,8 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -734,7 +743,8 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
+    updated.previous_state
 FROM updated;
 
 -- name: operator.resolve --
@@ -760,7 +770,8 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -776,7 +787,8 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
+    updated.previous_state
 FROM updated;
 -- step 2 of 3
 WITH locked AS
@@ -793,7 +805,7 @@ RETURNING email_verifications.id, email_verifications.tenant_id, email_verificat
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at,
     locked.previous_state),
 logged AS
@@ -804,8 +816,8 @@ SELECT updated.id AS id, updated.previous_state AS previous_state, updated.state
 FROM updated)
 SELECT updated.id, updated.tenant_id, updated.email, updated.state, updated.token_digest,
     updated.expires_at, updated.confirm_attempts, updated.send_count, updated.message_id,
-    updated.template_name, updated.redirect_url, updated.created_at, updated.updated_at,
-    updated.sent_at, updated.verified_at, updated.previous_state
+    updated.template_name, updated.redirect_url, updated.locale, updated.created_at,
+    updated.updated_at, updated.sent_at, updated.verified_at, updated.previous_state
 FROM updated;
 -- step 3 of 3
 SELECT hook_endpoints.id, hook_endpoints.tenant_id, hook_endpoints.events
@@ -837,7 +849,8 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -853,7 +866,8 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
+    updated.previous_state
 FROM updated;
 
 -- name: operator.purge --
@@ -1016,7 +1030,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id = :id AND outbox_messages.tenant_id = :tenant_id;
 -- step 2 of 2
@@ -1041,7 +1055,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.status = :status AND outbox_messages.tenant_id = :tenant_id
     AND lower(outbox_messages.to_address) = :address AND outbox_messages.id < :id
@@ -1154,7 +1168,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id = :id;
 -- step 2 of 2
@@ -1168,7 +1182,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.provider_message_id = :provider_message_id
 LIMIT :limit;
@@ -1336,7 +1350,8 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, locked.previous_state),
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -1352,7 +1367,8 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.claim_token, updated.claimed_by, updated.claimed_at, updated.lease_expires_at,
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
-    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.previous_state
+    updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
+    updated.previous_state
 FROM updated;
 -- step 3 of 15
 WITH locked AS
@@ -1369,7 +1385,7 @@ RETURNING email_verifications.id, email_verifications.tenant_id, email_verificat
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at,
     locked.previous_state),
 logged AS
@@ -1380,8 +1396,8 @@ SELECT updated.id AS id, updated.previous_state AS previous_state, updated.state
 FROM updated)
 SELECT updated.id, updated.tenant_id, updated.email, updated.state, updated.token_digest,
     updated.expires_at, updated.confirm_attempts, updated.send_count, updated.message_id,
-    updated.template_name, updated.redirect_url, updated.created_at, updated.updated_at,
-    updated.sent_at, updated.verified_at, updated.previous_state
+    updated.template_name, updated.redirect_url, updated.locale, updated.created_at,
+    updated.updated_at, updated.sent_at, updated.verified_at, updated.previous_state
 FROM updated;
 -- step 4 of 15
 SELECT outbox_messages.id
@@ -1442,7 +1458,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.tenant_id = :tenant_id
@@ -1526,16 +1542,119 @@ SELECT tenant_retention.tenant_id, tenant_retention.purge_after_days
 FROM tenant_retention;
 
 
+-- === templates =============================================================================
+
+-- name: templates.publish --
+-- Write the next version of (name, locale) and make it current; the first locale a template is
+-- published in becomes its default.
+-- step 1 of 5
+INSERT INTO templates (tenant_id, name, default_locale, created_at)
+VALUES (:tenant_id, :name, :default_locale, :created_at)
+ON CONFLICT DO NOTHING;
+-- step 2 of 5
+SELECT coalesce(max(template_versions.version), :coalesce) AS coalesce_1
+FROM template_versions
+WHERE template_versions.tenant_id = :tenant_id AND template_versions.name = :name
+    AND template_versions.locale = :locale;
+-- step 3 of 5
+INSERT INTO template_versions (id, tenant_id, name, locale, version, format, subject, html, text,
+    compiled_html, sample_data, dependencies, changed_by, created_at)
+VALUES (:id, :tenant_id, :name, :locale, :version, :format, :subject, :html, :text, :compiled_html,
+    :sample_data, :dependencies, :changed_by, :created_at);
+-- step 4 of 5
+INSERT INTO template_locales (tenant_id, name, locale, current_version, current_version_id,
+    latest_version, updated_at)
+VALUES (:tenant_id, :name, :locale, :current_version, :current_version_id, :latest_version,
+    :updated_at)
+ON CONFLICT DO NOTHING;
+-- step 5 of 5
+UPDATE template_locales
+SET current_version=:current_version, current_version_id=:current_version_id,
+    latest_version=:latest_version, updated_at=:updated_at
+WHERE template_locales.tenant_id = :tenant_id AND template_locales.name = :name
+    AND template_locales.locale = :locale AND template_locales.latest_version < :latest_version_2;
+
+-- name: templates.rollback --
+-- Make an existing version current again (None: there is no such version).
+-- step 1 of 2
+SELECT template_versions.id, template_versions.tenant_id, template_versions.name,
+    template_versions.locale, template_versions.version, template_versions.format,
+    template_versions.subject, template_versions.html, template_versions.text,
+    template_versions.compiled_html, template_versions.sample_data, template_versions.dependencies,
+    template_versions.changed_by, template_versions.created_at
+FROM template_versions
+WHERE template_versions.tenant_id = :tenant_id AND template_versions.name = :name
+    AND template_versions.locale = :locale AND template_versions.version = :version;
+-- step 2 of 2
+UPDATE template_locales
+SET current_version=:current_version, current_version_id=:current_version_id, updated_at=:updated_at
+WHERE template_locales.tenant_id = :tenant_id AND template_locales.name = :name
+    AND template_locales.locale = :locale;
+
+-- name: templates.version_of --
+-- One version of (name, locale) by its number (None: there is no such version).
+SELECT template_versions.id, template_versions.tenant_id, template_versions.name,
+    template_versions.locale, template_versions.version, template_versions.format,
+    template_versions.subject, template_versions.html, template_versions.text,
+    template_versions.compiled_html, template_versions.sample_data, template_versions.dependencies,
+    template_versions.changed_by, template_versions.created_at
+FROM template_versions
+WHERE template_versions.tenant_id = :tenant_id AND template_versions.name = :name
+    AND template_versions.locale = :locale AND template_versions.version = :version;
+
+-- name: templates.versions --
+-- Every version of (name, locale), oldest first.
+SELECT template_versions.id, template_versions.tenant_id, template_versions.name,
+    template_versions.locale, template_versions.version, template_versions.format,
+    template_versions.subject, template_versions.html, template_versions.text,
+    template_versions.compiled_html, template_versions.sample_data, template_versions.dependencies,
+    template_versions.changed_by, template_versions.created_at
+FROM template_versions
+WHERE template_versions.tenant_id = :tenant_id AND template_versions.name = :name
+    AND template_versions.locale = :locale
+ORDER BY template_versions.version;
+
+-- name: templates.by_ids --
+-- The versions with these ids (a worker's pinned messages and what they extend).
+SELECT template_versions.id, template_versions.tenant_id, template_versions.name,
+    template_versions.locale, template_versions.version, template_versions.format,
+    template_versions.subject, template_versions.html, template_versions.text,
+    template_versions.compiled_html, template_versions.sample_data, template_versions.dependencies,
+    template_versions.changed_by, template_versions.created_at
+FROM template_versions
+WHERE template_versions.id IN (:id_1, :id_2);
+
+-- name: templates.listing --
+-- The tenant's templates (only `names`, if given), by name, with their locales.
+SELECT templates.name, templates.default_locale, template_locales.locale,
+    template_locales.current_version, template_locales.latest_version, template_locales.updated_at
+FROM templates JOIN template_locales ON template_locales.tenant_id = templates.tenant_id
+    AND template_locales.name = templates.name
+WHERE templates.tenant_id = :tenant_id AND templates.name IN (:name_1)
+ORDER BY templates.name, template_locales.locale;
+
+-- name: templates.current_ids --
+-- For each (tenant, name) that is a template in the database: its default locale and, by locale,
+-- its current version's (number, id).
+SELECT templates.tenant_id, templates.name, templates.default_locale, template_locales.locale,
+    template_locales.current_version, template_locales.current_version_id
+FROM templates JOIN template_locales ON template_locales.tenant_id = templates.tenant_id
+    AND template_locales.name = templates.name
+WHERE (templates.tenant_id, templates.name) IN ((:wanted_1_1, :wanted_1_2), (:wanted_2_1,
+    :wanted_2_2));
+
+
 -- === verifications =========================================================================
 
 -- name: verifications.create --
 -- Insert a new verification in `created`; raises IntegrityError if one is active.
 -- step 1 of 2
 INSERT INTO email_verifications (id, tenant_id, email, state, token_digest, expires_at,
-    confirm_attempts, send_count, message_id, template_name, redirect_url, created_at, updated_at,
-    sent_at, verified_at)
+    confirm_attempts, send_count, message_id, template_name, redirect_url, locale, created_at,
+    updated_at, sent_at, verified_at)
 VALUES (:id, :tenant_id, :email, :state, :token_digest, :expires_at, :confirm_attempts, :send_count,
-    :message_id, :template_name, :redirect_url, :created_at, :updated_at, :sent_at, :verified_at);
+    :message_id, :template_name, :redirect_url, :locale, :created_at, :updated_at, :sent_at,
+    :verified_at);
 -- step 2 of 2
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -1559,7 +1678,7 @@ RETURNING email_verifications.id, email_verifications.tenant_id, email_verificat
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at,
     locked.previous_state),
 logged AS
@@ -1570,8 +1689,8 @@ SELECT updated.id AS id, updated.previous_state AS previous_state, updated.state
 FROM updated)
 SELECT updated.id, updated.tenant_id, updated.email, updated.state, updated.token_digest,
     updated.expires_at, updated.confirm_attempts, updated.send_count, updated.message_id,
-    updated.template_name, updated.redirect_url, updated.created_at, updated.updated_at,
-    updated.sent_at, updated.verified_at, updated.previous_state
+    updated.template_name, updated.redirect_url, updated.locale, updated.created_at,
+    updated.updated_at, updated.sent_at, updated.verified_at, updated.previous_state
 FROM updated;
 
 -- name: verifications.follow_messages --
@@ -1590,7 +1709,7 @@ RETURNING email_verifications.id, email_verifications.tenant_id, email_verificat
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at,
     locked.previous_state),
 logged AS
@@ -1601,8 +1720,8 @@ SELECT updated.id AS id, updated.previous_state AS previous_state, updated.state
 FROM updated)
 SELECT updated.id, updated.tenant_id, updated.email, updated.state, updated.token_digest,
     updated.expires_at, updated.confirm_attempts, updated.send_count, updated.message_id,
-    updated.template_name, updated.redirect_url, updated.created_at, updated.updated_at,
-    updated.sent_at, updated.verified_at, updated.previous_state
+    updated.template_name, updated.redirect_url, updated.locale, updated.created_at,
+    updated.updated_at, updated.sent_at, updated.verified_at, updated.previous_state
 FROM updated;
 
 -- name: verifications.expire_stale --
@@ -1623,7 +1742,7 @@ RETURNING email_verifications.id, email_verifications.tenant_id, email_verificat
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at,
     locked.previous_state),
 logged AS
@@ -1634,8 +1753,8 @@ SELECT updated.id AS id, updated.previous_state AS previous_state, updated.state
 FROM updated)
 SELECT updated.id, updated.tenant_id, updated.email, updated.state, updated.token_digest,
     updated.expires_at, updated.confirm_attempts, updated.send_count, updated.message_id,
-    updated.template_name, updated.redirect_url, updated.created_at, updated.updated_at,
-    updated.sent_at, updated.verified_at, updated.previous_state
+    updated.template_name, updated.redirect_url, updated.locale, updated.created_at,
+    updated.updated_at, updated.sent_at, updated.verified_at, updated.previous_state
 FROM updated;
 
 -- name: verifications.count_wrong_token --
@@ -1652,7 +1771,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.id = :id AND email_verifications.tenant_id = :tenant_id;
@@ -1663,7 +1782,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.tenant_id = :tenant_id AND email_verifications.email = :email

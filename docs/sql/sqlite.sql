@@ -22,12 +22,13 @@ INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name
     subject, template_name, template_data, headers, tags, metadata, status, attempt_count,
     max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at,
     lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since, carried,
-    expires_at, priority, claim_order_at, attachment_count, bulk)
+    expires_at, priority, claim_order_at, attachment_count, bulk, template_version_id)
 VALUES (:id, :tenant_id, :idempotency_key, :to_address, :to_name, :from_address, :subject,
     :template_name, :template_data, :headers, :tags, :metadata, :status, :attempt_count,
     :max_attempts, :next_attempt_at, :created_at, :updated_at, :claim_token, :claimed_by,
     :claimed_at, :lease_expires_at, :provider, :provider_message_id, :last_error, :sent_at,
-    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count, :bulk)
+    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count, :bulk,
+    :template_version_id)
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING;  -- once per row (executemany)
 -- step 4 of 9
 SELECT outbox_messages.id
@@ -44,7 +45,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.tenant_id = :tenant_id
     AND outbox_messages.idempotency_key IN (:idempotency_key_1);
@@ -89,13 +90,14 @@ RETURNING 1;
 INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk)
+    claim_order_at, attachment_count, bulk, template_version_id)
 VALUES (:message_id, :message_tenant_id, :message_idempotency_key, :message_to_address,
     :message_to_name, :message_subject, :message_template_name, :message_template_data,
     :message_headers, :message_tags, :message_metadata, :message_status, :message_attempt_count,
     :message_max_attempts, :message_next_attempt_at, :message_created_at, :message_updated_at,
     :message_last_error, :message_carried, :message_expires_at, :message_priority,
-    :message_claim_order_at, :message_attachment_count, :message_bulk);
+    :message_claim_order_at, :message_attachment_count, :message_bulk,
+    :message_template_version_id);
 -- step 4 of 4
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -138,13 +140,13 @@ ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
 RETURNING 1;
 -- step 6 of 11
 INSERT INTO email_verifications (id, tenant_id, email, state, token_digest, expires_at,
-    confirm_attempts, send_count, message_id, template_name, redirect_url, created_at, updated_at,
-    sent_at, verified_at)
+    confirm_attempts, send_count, message_id, template_name, redirect_url, locale, created_at,
+    updated_at, sent_at, verified_at)
 VALUES (:verification_id, :verification_tenant_id, :verification_email, :verification_state,
     :verification_token_digest, :verification_expires_at, :verification_confirm_attempts,
     :verification_send_count, :verification_message_id, :verification_template_name,
-    :verification_redirect_url, :verification_created_at, :verification_updated_at,
-    :verification_sent_at, :verification_verified_at);
+    :verification_redirect_url, :verification_locale, :verification_created_at,
+    :verification_updated_at, :verification_sent_at, :verification_verified_at);
 -- step 7 of 11
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -164,13 +166,14 @@ DO UPDATE SET n = (verification_send_counts.n + excluded.n);
 INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk)
+    claim_order_at, attachment_count, bulk, template_version_id)
 VALUES (:message_id, :message_tenant_id, :message_idempotency_key, :message_to_address,
     :message_to_name, :message_subject, :message_template_name, :message_template_data,
     :message_headers, :message_tags, :message_metadata, :message_status, :message_attempt_count,
     :message_max_attempts, :message_next_attempt_at, :message_created_at, :message_updated_at,
     :message_last_error, :message_carried, :message_expires_at, :message_priority,
-    :message_claim_order_at, :message_attachment_count, :message_bulk);
+    :message_claim_order_at, :message_attachment_count, :message_bulk,
+    :message_template_version_id);
 -- step 11 of 11
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -252,7 +255,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk;
+    claim_order_at, attachment_count, bulk, template_version_id;
 -- step 4 of 5
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -299,7 +302,7 @@ SET state='send_pending', updated_at=:updated_at
 WHERE email_verifications.id IN (:id_1) AND email_verifications.state IN ('send_failed')
     AND email_verifications.message_id IN (:message_id_1)
 RETURNING id, tenant_id, email, state, token_digest, expires_at, confirm_attempts, send_count,
-    message_id, template_name, redirect_url, created_at, updated_at, sent_at, verified_at;
+    message_id, template_name, redirect_url, locale, created_at, updated_at, sent_at, verified_at;
 -- step 6 of 6
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -348,7 +351,7 @@ SET state='sent', updated_at=:updated_at, sent_at=:sent_at
 WHERE email_verifications.id IN (:id_1) AND email_verifications.state IN ('send_pending')
     AND email_verifications.message_id IN (:message_id_1)
 RETURNING id, tenant_id, email, state, token_digest, expires_at, confirm_attempts, send_count,
-    message_id, template_name, redirect_url, created_at, updated_at, sent_at, verified_at;
+    message_id, template_name, redirect_url, locale, created_at, updated_at, sent_at, verified_at;
 -- step 6 of 13
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -391,7 +394,7 @@ SET state='sent', updated_at=:updated_at, sent_at=:sent_at
 WHERE email_verifications.id IN (:id_1) AND email_verifications.state IN ('send_pending')
     AND email_verifications.message_id IN (:message_id_1)
 RETURNING id, tenant_id, email, state, token_digest, expires_at, confirm_attempts, send_count,
-    message_id, template_name, redirect_url, created_at, updated_at, sent_at, verified_at;
+    message_id, template_name, redirect_url, locale, created_at, updated_at, sent_at, verified_at;
 -- step 13 of 13
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -418,7 +421,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk;
+    claim_order_at, attachment_count, bulk, template_version_id;
 -- step 3 of 4
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -465,7 +468,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk;
+    claim_order_at, attachment_count, bulk, template_version_id;
 -- step 3 of 6
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -482,7 +485,7 @@ SET state='send_pending', updated_at=:updated_at
 WHERE email_verifications.id IN (:id_1) AND email_verifications.state IN ('send_failed')
     AND email_verifications.message_id IN (:message_id_1)
 RETURNING id, tenant_id, email, state, token_digest, expires_at, confirm_attempts, send_count,
-    message_id, template_name, redirect_url, created_at, updated_at, sent_at, verified_at;
+    message_id, template_name, redirect_url, locale, created_at, updated_at, sent_at, verified_at;
 -- step 6 of 6
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -505,7 +508,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk;
+    claim_order_at, attachment_count, bulk, template_version_id;
 -- step 3 of 3
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -528,7 +531,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk;
+    claim_order_at, attachment_count, bulk, template_version_id;
 -- step 3 of 7
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -545,7 +548,7 @@ SET state='sent', updated_at=:updated_at, sent_at=:sent_at
 WHERE email_verifications.id IN (:id_1) AND email_verifications.state IN ('send_pending')
     AND email_verifications.message_id IN (:message_id_1)
 RETURNING id, tenant_id, email, state, token_digest, expires_at, confirm_attempts, send_count,
-    message_id, template_name, redirect_url, created_at, updated_at, sent_at, verified_at;
+    message_id, template_name, redirect_url, locale, created_at, updated_at, sent_at, verified_at;
 -- step 6 of 7
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -578,7 +581,7 @@ WHERE message_events.message_id = outbox_messages.id AND message_events.from_sta
     metadata, status, attempt_count, max_attempts, next_attempt_at, created_at, updated_at,
     claim_token, claimed_by, claimed_at, lease_expires_at, provider, provider_message_id,
     last_error, sent_at, ambiguous_since, carried, expires_at, priority, claim_order_at,
-    attachment_count, bulk;
+    attachment_count, bulk, template_version_id;
 -- step 3 of 3
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -740,7 +743,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id = :id AND outbox_messages.tenant_id = :tenant_id;
 -- step 2 of 2
@@ -765,7 +768,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.status = :status AND outbox_messages.tenant_id = :tenant_id
     AND lower(outbox_messages.to_address) = :address AND outbox_messages.id < :id
@@ -878,7 +881,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.id = :id;
 -- step 2 of 2
@@ -892,7 +895,7 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
 FROM outbox_messages
 WHERE outbox_messages.provider_message_id = :provider_message_id
 LIMIT :limit OFFSET :offset;
@@ -1050,7 +1053,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk;
+    claim_order_at, attachment_count, bulk, template_version_id;
 -- step 4 of 19
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -1067,7 +1070,7 @@ SET state='send_pending', updated_at=:updated_at
 WHERE email_verifications.id IN (:id_1) AND email_verifications.state IN ('send_failed')
     AND email_verifications.message_id IN (:message_id_1)
 RETURNING id, tenant_id, email, state, token_digest, expires_at, confirm_attempts, send_count,
-    message_id, template_name, redirect_url, created_at, updated_at, sent_at, verified_at;
+    message_id, template_name, redirect_url, locale, created_at, updated_at, sent_at, verified_at;
 -- step 7 of 19
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -1132,7 +1135,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.tenant_id = :tenant_id
@@ -1216,16 +1219,119 @@ SELECT tenant_retention.tenant_id, tenant_retention.purge_after_days
 FROM tenant_retention;
 
 
+-- === templates =============================================================================
+
+-- name: templates.publish --
+-- Write the next version of (name, locale) and make it current; the first locale a template is
+-- published in becomes its default.
+-- step 1 of 5
+INSERT INTO templates (tenant_id, name, default_locale, created_at)
+VALUES (:tenant_id, :name, :default_locale, :created_at)
+ON CONFLICT DO NOTHING;
+-- step 2 of 5
+SELECT coalesce(max(template_versions.version), :coalesce) AS coalesce_1
+FROM template_versions
+WHERE template_versions.tenant_id = :tenant_id AND template_versions.name = :name
+    AND template_versions.locale = :locale;
+-- step 3 of 5
+INSERT INTO template_versions (id, tenant_id, name, locale, version, format, subject, html, text,
+    compiled_html, sample_data, dependencies, changed_by, created_at)
+VALUES (:id, :tenant_id, :name, :locale, :version, :format, :subject, :html, :text, :compiled_html,
+    :sample_data, :dependencies, :changed_by, :created_at);
+-- step 4 of 5
+INSERT INTO template_locales (tenant_id, name, locale, current_version, current_version_id,
+    latest_version, updated_at)
+VALUES (:tenant_id, :name, :locale, :current_version, :current_version_id, :latest_version,
+    :updated_at)
+ON CONFLICT DO NOTHING;
+-- step 5 of 5
+UPDATE template_locales
+SET current_version=:current_version, current_version_id=:current_version_id,
+    latest_version=:latest_version, updated_at=:updated_at
+WHERE template_locales.tenant_id = :tenant_id AND template_locales.name = :name
+    AND template_locales.locale = :locale AND template_locales.latest_version < :latest_version_2;
+
+-- name: templates.rollback --
+-- Make an existing version current again (None: there is no such version).
+-- step 1 of 2
+SELECT template_versions.id, template_versions.tenant_id, template_versions.name,
+    template_versions.locale, template_versions.version, template_versions.format,
+    template_versions.subject, template_versions.html, template_versions.text,
+    template_versions.compiled_html, template_versions.sample_data, template_versions.dependencies,
+    template_versions.changed_by, template_versions.created_at
+FROM template_versions
+WHERE template_versions.tenant_id = :tenant_id AND template_versions.name = :name
+    AND template_versions.locale = :locale AND template_versions.version = :version;
+-- step 2 of 2
+UPDATE template_locales
+SET current_version=:current_version, current_version_id=:current_version_id, updated_at=:updated_at
+WHERE template_locales.tenant_id = :tenant_id AND template_locales.name = :name
+    AND template_locales.locale = :locale;
+
+-- name: templates.version_of --
+-- One version of (name, locale) by its number (None: there is no such version).
+SELECT template_versions.id, template_versions.tenant_id, template_versions.name,
+    template_versions.locale, template_versions.version, template_versions.format,
+    template_versions.subject, template_versions.html, template_versions.text,
+    template_versions.compiled_html, template_versions.sample_data, template_versions.dependencies,
+    template_versions.changed_by, template_versions.created_at
+FROM template_versions
+WHERE template_versions.tenant_id = :tenant_id AND template_versions.name = :name
+    AND template_versions.locale = :locale AND template_versions.version = :version;
+
+-- name: templates.versions --
+-- Every version of (name, locale), oldest first.
+SELECT template_versions.id, template_versions.tenant_id, template_versions.name,
+    template_versions.locale, template_versions.version, template_versions.format,
+    template_versions.subject, template_versions.html, template_versions.text,
+    template_versions.compiled_html, template_versions.sample_data, template_versions.dependencies,
+    template_versions.changed_by, template_versions.created_at
+FROM template_versions
+WHERE template_versions.tenant_id = :tenant_id AND template_versions.name = :name
+    AND template_versions.locale = :locale
+ORDER BY template_versions.version;
+
+-- name: templates.by_ids --
+-- The versions with these ids (a worker's pinned messages and what they extend).
+SELECT template_versions.id, template_versions.tenant_id, template_versions.name,
+    template_versions.locale, template_versions.version, template_versions.format,
+    template_versions.subject, template_versions.html, template_versions.text,
+    template_versions.compiled_html, template_versions.sample_data, template_versions.dependencies,
+    template_versions.changed_by, template_versions.created_at
+FROM template_versions
+WHERE template_versions.id IN (:id_1, :id_2);
+
+-- name: templates.listing --
+-- The tenant's templates (only `names`, if given), by name, with their locales.
+SELECT templates.name, templates.default_locale, template_locales.locale,
+    template_locales.current_version, template_locales.latest_version, template_locales.updated_at
+FROM templates JOIN template_locales ON template_locales.tenant_id = templates.tenant_id
+    AND template_locales.name = templates.name
+WHERE templates.tenant_id = :tenant_id AND templates.name IN (:name_1)
+ORDER BY templates.name, template_locales.locale;
+
+-- name: templates.current_ids --
+-- For each (tenant, name) that is a template in the database: its default locale and, by locale,
+-- its current version's (number, id).
+SELECT templates.tenant_id, templates.name, templates.default_locale, template_locales.locale,
+    template_locales.current_version, template_locales.current_version_id
+FROM templates JOIN template_locales ON template_locales.tenant_id = templates.tenant_id
+    AND template_locales.name = templates.name
+WHERE (templates.tenant_id, templates.name) IN (VALUES (:wanted_1_1, :wanted_1_2), (:wanted_2_1,
+    :wanted_2_2));
+
+
 -- === verifications =========================================================================
 
 -- name: verifications.create --
 -- Insert a new verification in `created`; raises IntegrityError if one is active.
 -- step 1 of 2
 INSERT INTO email_verifications (id, tenant_id, email, state, token_digest, expires_at,
-    confirm_attempts, send_count, message_id, template_name, redirect_url, created_at, updated_at,
-    sent_at, verified_at)
+    confirm_attempts, send_count, message_id, template_name, redirect_url, locale, created_at,
+    updated_at, sent_at, verified_at)
 VALUES (:id, :tenant_id, :email, :state, :token_digest, :expires_at, :confirm_attempts, :send_count,
-    :message_id, :template_name, :redirect_url, :created_at, :updated_at, :sent_at, :verified_at);
+    :message_id, :template_name, :redirect_url, :locale, :created_at, :updated_at, :sent_at,
+    :verified_at);
 -- step 2 of 2
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -1248,7 +1354,7 @@ WHERE email_verifications.id IN (:id_1)
     AND email_verifications.id = :id_2 AND email_verifications.token_digest = :token_digest
     AND email_verifications.confirm_attempts < :confirm_attempts
 RETURNING id, tenant_id, email, state, token_digest, expires_at, confirm_attempts, send_count,
-    message_id, template_name, redirect_url, created_at, updated_at, sent_at, verified_at;
+    message_id, template_name, redirect_url, locale, created_at, updated_at, sent_at, verified_at;
 -- step 3 of 3
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -1268,7 +1374,7 @@ SET state='sent', updated_at=:updated_at, sent_at=:sent_at
 WHERE email_verifications.id IN (:id_1) AND email_verifications.state IN ('send_pending')
     AND email_verifications.message_id IN (:message_id_1)
 RETURNING id, tenant_id, email, state, token_digest, expires_at, confirm_attempts, send_count,
-    message_id, template_name, redirect_url, created_at, updated_at, sent_at, verified_at;
+    message_id, template_name, redirect_url, locale, created_at, updated_at, sent_at, verified_at;
 -- step 3 of 3
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -1291,7 +1397,7 @@ WHERE email_verifications.id IN (:id_1)
     AND email_verifications.state IN ('created', 'send_failed', 'send_pending', 'sent')
     AND email_verifications.expires_at <= :expires_at
 RETURNING id, tenant_id, email, state, token_digest, expires_at, confirm_attempts, send_count,
-    message_id, template_name, redirect_url, created_at, updated_at, sent_at, verified_at;
+    message_id, template_name, redirect_url, locale, created_at, updated_at, sent_at, verified_at;
 -- step 3 of 3
 INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
     detail)
@@ -1312,7 +1418,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.id = :id AND email_verifications.tenant_id = :tenant_id;
@@ -1323,7 +1429,7 @@ SELECT email_verifications.id, email_verifications.tenant_id, email_verification
     email_verifications.state, email_verifications.token_digest, email_verifications.expires_at,
     email_verifications.confirm_attempts, email_verifications.send_count,
     email_verifications.message_id, email_verifications.template_name,
-    email_verifications.redirect_url, email_verifications.created_at,
+    email_verifications.redirect_url, email_verifications.locale, email_verifications.created_at,
     email_verifications.updated_at, email_verifications.sent_at, email_verifications.verified_at
 FROM email_verifications
 WHERE email_verifications.tenant_id = :tenant_id AND email_verifications.email = :email

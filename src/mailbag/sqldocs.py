@@ -37,6 +37,7 @@ from mailbag.domain.events import EventKind, ProviderEvent
 from mailbag.domain.hooks import Breaker, DAction, DState, HookEndpoint, HookEvent
 from mailbag.domain.message import Filter, Message, new_message
 from mailbag.domain.states import Action, Status
+from mailbag.domain.templates import Draft
 from mailbag.domain.verification import VAction
 from mailbag.sqlrecorder import NOW, sample_row
 from mailbag.store import (
@@ -59,6 +60,7 @@ from mailbag.store import (
     senders,
     stats,
     suppressions,
+    templates,
     tenant_accounts,
     tenant_retention,
     tenants,
@@ -94,6 +96,9 @@ SAMPLES: dict[str, Any] = {
     "metadata": {"verification_id": str(IDS[0])},
     "id": IDS[0],
 }
+
+
+_TEMPLATE_VERSION: dict[str, Any] = {"sample_data": {}, "dependencies": {}, "compiled_html": None}
 
 
 def _first_sentence(doc: str) -> str:
@@ -210,6 +215,7 @@ _VERIFICATION: dict[str, Any] = {
     "message_id": None,
     "template_name": "verify",
     "redirect_url": None,
+    "locale": None,
 }
 
 # A key's first use (store/first_use.py): its message, and its record.
@@ -455,6 +461,38 @@ OPERATIONS: list[Operation | Statement] = [
     Operation(tenant_retention.put, {"tenant_id": TENANT, "purge_after_days": 90.0, "now": NOW}),
     Operation(tenant_retention.remove, {"tenant_id": TENANT}),
     Operation(tenant_retention.all_days),
+    # Tenants' templates
+    Operation(
+        templates.publish,
+        {
+            "tenant_id": TENANT,
+            "name": "welcome",
+            "locale": "fr-CA",
+            "draft": Draft("Bienvenue {{ name }}", "<p>Bonjour {{ name }}</p>", ""),
+            "compiled_html": None,
+            "dependencies": {"layout": 1},
+            "changed_by": "api:t_sample",
+            "now": NOW,
+        },
+    ),
+    Operation(
+        templates.rollback,
+        {"tenant_id": TENANT, "name": "welcome", "locale": "fr-CA", "version": 1, "now": NOW},
+        samples=_TEMPLATE_VERSION,
+    ),
+    Operation(
+        templates.version_of,
+        {"tenant_id": TENANT, "name": "welcome", "locale": "fr-CA", "version": 1},
+        samples=_TEMPLATE_VERSION,
+    ),
+    Operation(
+        templates.versions,
+        {"tenant_id": TENANT, "name": "welcome", "locale": "fr-CA"},
+        samples=_TEMPLATE_VERSION,
+    ),
+    Operation(templates.by_ids, {"ids": [1, 2]}, samples=_TEMPLATE_VERSION),
+    Operation(templates.listing, {"tenant_id": TENANT, "names": ["welcome"]}),
+    Operation(templates.current_ids, {"wanted": [(TENANT, "welcome"), (TENANT, "layout")]}),
     # Verifications
     Operation(
         verifications.create,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 from collections.abc import Collection, Mapping, Sequence
@@ -32,12 +31,13 @@ from mailbag.domain.content import (
     unresolved_cid,
 )
 from mailbag.domain.states import Status
+from mailbag.domain.templates import TEMPLATE_NAME_MAX as TEMPLATE_NAME_MAX  # read here too
+from mailbag.domain.templates import Pin, locale_problem, normal_locale, template_name_problem
 
 # Column limits (the seed design's, plus the ones it left open). The schema uses the same names.
 ADDRESS_MAX = 255
 NAME_MAX = 255
 SUBJECT_MAX = 500
-TEMPLATE_NAME_MAX = 100
 ERROR_MAX = 2000
 IDEMPOTENCY_KEY_MAX = 255
 TENANT_ID_MAX = 100
@@ -51,7 +51,6 @@ TEMPLATE_DATA_MAX_BYTES = 64 * 1024
 DEFAULT_TENANT = "default"
 
 _HEADER_NAME = re.compile(r"^[!-9;-~]+$")  # RFC 5322 field name: printable ASCII but ':'
-_TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 # Headers mailbag writes itself; letting a caller set them would break threading or delivery.
 RESERVED_HEADERS = frozenset(
     {
@@ -161,6 +160,10 @@ class NewMessage:
     # The one definition: claiming puts transactional mail ahead of bulk mail without
     # starving it (store/fair.py), and whatever else treats bulk mail differently asks this.
     bulk: bool = False
+    locale: str | None = None  # BCP 47, canonical case (domain.templates.locale)
+    # The template version it renders with, decided when it is written (services.outbox);
+    # None until then.
+    pin: Pin | None = None
 
     @property
     def to_address(self) -> str:
@@ -199,6 +202,7 @@ class NewMessage:
             "unsubscribe_mailto": self.unsubscribe_mailto,
             "max_attempts": self.max_attempts,
             "bulk": self.bulk,
+            "locale": self.locale,
         }
 
 
@@ -312,6 +316,7 @@ def new_message(
     unsubscribe_mailto: str | None = None,
     max_attempts: int | None = None,
     bulk: bool = False,
+    locale: str | None = None,
     known_templates: Collection[str] | None = None,
     address_rules: AddressRules = AddressRules(),
     limits: Limits = Limits(),
@@ -325,6 +330,7 @@ def new_message(
     `inline_css` moves its <style> rules into style attributes first). `address_rules`
     says what the deployment can send to, `limits` how much one message may carry
     (services.intake passes the deployment's). `bulk` marks bulk mail (NewMessage.bulk).
+    `locale` (BCP 47) picks the template's locale (domain/templates.py).
     Size problems raise MessageTooLarge."""
     check = _Check(address_rules, limits)
     # Each group of fields has its checks, run in this order (errors name the fields in the
@@ -342,9 +348,19 @@ def new_message(
     )
     if not isinstance(bulk, bool):
         check.errors["bulk"] = "must be true or false"
+    if locale is not None and (problem := locale_problem(locale)) is not None:
+        check.errors["locale"] = problem
     check.verdict()
     bulk = bulk or BULK_TAG in labels["tags"]  # a category may say it too (domain/bulk.py)
-    return NewMessage(**parties, **owner, **content, **labels, **delivery, bulk=bulk)
+    return NewMessage(
+        **parties,
+        **owner,
+        **content,
+        **labels,
+        **delivery,
+        bulk=bulk,
+        locale=normal_locale(locale) if locale is not None else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -499,7 +515,7 @@ def _content(
         errors["html"] = cid_problem
     return {
         "template_name": template,
-        "template_data": _json_object("data", data, errors, TEMPLATE_DATA_MAX_BYTES),
+        "template_data": storable.json_object("data", data, errors, TEMPLATE_DATA_MAX_BYTES),
         "subject": subject,
         "html": html,
         "text": text,
@@ -523,10 +539,8 @@ def _template(
     elif template is not None and ready_made:
         errors["template"] = "give a template or ready-made html/text, not both"
     elif template is not None:
-        if not isinstance(template, str) or not _TEMPLATE_NAME.match(template):
-            errors["template"] = "must be lowercase letters, digits, '-', '_' or '.'"
-        elif len(template) > TEMPLATE_NAME_MAX:
-            errors["template"] = f"is longer than {TEMPLATE_NAME_MAX} characters"
+        if (problem := template_name_problem(template)) is not None:
+            errors["template"] = problem
         elif known_templates is not None and template not in known_templates:
             errors["template"] = f"unknown template {template!r}"
     elif not subject:
@@ -551,7 +565,7 @@ def _labels(
     """What the message is labelled with: the caller's metadata, extra headers (none that
     a field of its own sets: Reply-To, List-Unsubscribe) and tags."""
     errors = check.errors
-    meta = _json_object("metadata", metadata, errors, TEMPLATE_DATA_MAX_BYTES)
+    meta = storable.json_object("metadata", metadata, errors, TEMPLATE_DATA_MAX_BYTES)
     clean_headers = _headers(headers or {}, errors)
     for header, given in (("reply-to", replying), ("list-unsubscribe", unsubscribing)):
         if given and any(name.lower() == header for name in clean_headers):
@@ -774,32 +788,6 @@ def _address(name: str, value: object, errors: dict[str, str], rules: AddressRul
         return ""
 
 
-def _json_object(
-    name: str, value: Mapping[str, Any] | None, errors: dict[str, str], max_bytes: int
-) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        errors[name] = "must be a JSON object"
-        return {}
-    try:  # first, and iterative: json.dumps itself recurses as deep as the value nests
-        storable.check(value)
-    except storable.Unstorable as exc:
-        errors[name] = str(exc)
-        return {}
-    try:
-        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        errors[name] = f"is not JSON-serializable: {exc}"
-        return {}
-    if len(encoded.encode()) > max_bytes:
-        errors[name] = f"is larger than {max_bytes} bytes as JSON"
-        return {}
-    # A round trip gives the plain JSON types the database will hand back.
-    decoded: dict[str, Any] = json.loads(encoded)
-    return decoded
-
-
 def _headers(headers: Mapping[str, str], errors: dict[str, str]) -> dict[str, str]:
     if not isinstance(headers, Mapping):
         errors["headers"] = "must be an object of header names to values"
@@ -885,6 +873,7 @@ class Message:
     claim_order_at: datetime | None = None
     attachment_count: int = 0
     bulk: bool = False  # NewMessage.bulk (migration 0019)
+    template_version_id: int | None = None  # domain.templates.Pin (migration 0021)
     # then what the `carried` JSON column holds (store.message_transitions unpacks it),
     from_name: str | None = None
     recipients: Recipients | None = None  # None: to_address alone (see `all_recipients`)
@@ -894,6 +883,9 @@ class Message:
     unsubscribe_url: str | None = None
     unsubscribe_mailto: str | None = None
     suppressed: tuple[str, ...] = ()  # recipients dropped at enqueue: on the suppression list
+    locale: str | None = None  # the locale it asked for (BCP 47)
+    template_locale: str | None = None  # the locale of the version it renders with
+    template_version: int | None = None  # that version's number
     # and the attachments' references, read from message_attachments when asked for.
     attachments: tuple[AttachmentRef, ...] = ()
 

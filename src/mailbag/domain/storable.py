@@ -17,7 +17,10 @@ datetimes, and names the first rule it breaks, without quoting the value.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 MAX_JSON_DEPTH = 16
 EARLIEST = datetime(1000, 1, 1, tzinfo=UTC)
@@ -74,3 +77,31 @@ def check(value: object, max_depth: int = MAX_JSON_DEPTH) -> None:
                     pending.append((inner, depth + 1))
             else:
                 pending.extend((inner, depth + 1) for inner in item)
+
+
+def json_object(
+    name: str, value: Mapping[str, Any] | None, errors: dict[str, str], max_bytes: int
+) -> dict[str, Any]:
+    """`value` as the plain JSON object the database hands back, or {} with the problem
+    put into `errors` under `name`: not an object, unstorable, not JSON, too large."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        errors[name] = "must be a JSON object"
+        return {}
+    try:  # first, and iterative: json.dumps itself recurses as deep as the value nests
+        check(value)
+    except Unstorable as exc:
+        errors[name] = str(exc)
+        return {}
+    try:
+        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        errors[name] = f"is not JSON-serializable: {exc}"
+        return {}
+    if len(encoded.encode()) > max_bytes:
+        errors[name] = f"is larger than {max_bytes} bytes as JSON"
+        return {}
+    # A round trip gives the plain JSON types the database will hand back.
+    decoded: dict[str, Any] = json.loads(encoded)
+    return decoded

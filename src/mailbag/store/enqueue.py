@@ -253,6 +253,7 @@ def _new_row(
         "claim_order_at": next_attempt_at - head_start(m.priority),
         "attachment_count": len(m.attachments),
         "bulk": m.bulk,
+        "template_version_id": m.pin.version_id if m.pin else None,
     }
 
 
@@ -294,4 +295,5 @@ FIRST_USE_COLUMNS = (
     "claim_order_at",
     "attachment_count",
     "bulk",
+    "template_version_id",
 )

@@ -108,6 +108,9 @@ CARRIED_FIELDS = (
     "unsubscribe_url",
     "unsubscribe_mailto",
     "suppressed",
+    "locale",
+    "template_locale",
+    "template_version",
 )
 
 
@@ -124,6 +127,9 @@ def carried_json(
         "unsubscribe_url": m.unsubscribe_url,
         "unsubscribe_mailto": m.unsubscribe_mailto,
         "suppressed": list(suppressed),
+        "locale": m.locale,
+        "template_locale": m.pin.locale if m.pin else None,
+        "template_version": m.pin.version if m.pin else None,
     }
     kept = {key: value for key, value in carried.items() if value}
     return kept or None

@@ -38,6 +38,7 @@ from sqlalchemy.sql.schema import SchemaItem
 from mailbag.domain import content, dkim
 from mailbag.domain import hooks as hook_rules
 from mailbag.domain import message as limits
+from mailbag.domain import templates as template_rules
 from mailbag.domain.hooks.urls import URL_MAX
 from mailbag.domain.states import CLAIMABLE, TERMINAL, Status
 from mailbag.domain.verification import ACTIVE, UNFINISHED, VState
@@ -161,6 +162,9 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         Column("attachment_count", SmallInteger, nullable=False, server_default="0"),
         # Bulk mail, not transactional (NewMessage.bulk): its own lane in the claim.
         Column("bulk", Boolean, nullable=False, server_default="0"),
+        # The template version it renders with (template_versions.id, migration 0021),
+        # decided at enqueue; NULL: ready-made, or a file template of the deployment.
+        Column("template_version_id", BigInteger),
         CheckConstraint(STATUS_CHECK_SQL, name="status"),
         CheckConstraint("attempt_count >= 0", name="attempt_count"),
         Index(None, "tenant_id", "idempotency_key", unique=True),
@@ -309,6 +313,7 @@ def _email_verifications(md: MetaData, dialect: str | None) -> Table:
         Column("message_id", Uuid),
         Column("template_name", String(limits.TEMPLATE_NAME_MAX), nullable=False),
         Column("redirect_url", String(2000)),
+        Column("locale", String(template_rules.LOCALE_MAX)),  # its emails' (migration 0021)
         Column("created_at", UTCDateTime, nullable=False),
         Column("updated_at", UTCDateTime, nullable=False),
         Column("sent_at", UTCDateTime),
@@ -739,6 +744,68 @@ def _tenant_retention(md: MetaData) -> Table:
     )
 
 
+def _templates(md: MetaData) -> Table:
+    """Tenants' own templates (domain/templates.py): one row per name, with the locale a
+    message falls back to."""
+    return _table(
+        "templates",
+        md,
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("name", String(limits.TEMPLATE_NAME_MAX), nullable=False),
+        Column("default_locale", String(template_rules.LOCALE_MAX), nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        PrimaryKeyConstraint("tenant_id", "name"),
+    )
+
+
+def _template_locales(md: MetaData) -> Table:
+    """A template's locales: the version each makes current, and the latest one."""
+    return _table(
+        "template_locales",
+        md,
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("name", String(limits.TEMPLATE_NAME_MAX), nullable=False),
+        Column("locale", String(template_rules.LOCALE_MAX), nullable=False),
+        Column("current_version", Integer, nullable=False),
+        Column("current_version_id", BigInteger, nullable=False),
+        Column("latest_version", Integer, nullable=False),
+        Column("updated_at", UTCDateTime, nullable=False),
+        PrimaryKeyConstraint("tenant_id", "name", "locale"),
+        ForeignKeyConstraint(
+            ["tenant_id", "name"], ["templates.tenant_id", "templates.name"], ondelete="CASCADE"
+        ),
+    )
+
+
+def _template_versions(md: MetaData) -> Table:
+    """Every version ever published, never updated: messages name theirs by `id`, a random
+    62-bit number (store/templates.py says why)."""
+    return _table(
+        "template_versions",
+        md,
+        Column("id", BigInteger, primary_key=True, autoincrement=False),
+        Column("tenant_id", String(limits.TENANT_ID_MAX), nullable=False),
+        Column("name", String(limits.TEMPLATE_NAME_MAX), nullable=False),
+        Column("locale", String(template_rules.LOCALE_MAX), nullable=False),
+        Column("version", Integer, nullable=False),
+        Column("format", String(10), nullable=False),
+        Column("subject", Text, nullable=False),
+        Column("html", long_text(), nullable=False),
+        Column("text", long_text(), nullable=False),
+        # An MJML version's html compiled to HTML (with its Jinja), once, when published:
+        # workers never need the compiler. NULL for a Jinja version.
+        Column("compiled_html", long_text()),
+        Column("sample_data", json_type(), nullable=False),
+        Column("dependencies", json_type(), nullable=False),
+        Column("changed_by", String(200), nullable=False),
+        Column("created_at", UTCDateTime, nullable=False),
+        Index(None, "tenant_id", "name", "locale", "version", unique=True),
+        ForeignKeyConstraint(
+            ["tenant_id", "name"], ["templates.tenant_id", "templates.name"], ondelete="CASCADE"
+        ),
+    )
+
+
 def _is_mysql(dialect: str | None) -> bool:
     return dialect in ("mysql", "mariadb")
 
@@ -772,6 +839,9 @@ def build_metadata(dialect: str | None = None) -> MetaData:
     _hook_delivery_events(md)
     _erasures(md)
     _tenant_retention(md)
+    _templates(md)
+    _template_locales(md)
+    _template_versions(md)
     return md
 
 
@@ -803,6 +873,9 @@ hook_deliveries = metadata.tables["hook_deliveries"]
 hook_delivery_events = metadata.tables["hook_delivery_events"]
 erasures = metadata.tables["erasures"]
 tenant_retention = metadata.tables["tenant_retention"]
+templates_table = metadata.tables["templates"]
+template_locales = metadata.tables["template_locales"]
+template_versions = metadata.tables["template_versions"]
 _mysql_metadata = build_metadata("mysql")
 
 

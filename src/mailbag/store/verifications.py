@@ -104,6 +104,7 @@ class Verification:
     updated_at: datetime
     sent_at: datetime | None
     verified_at: datetime | None
+    locale: str | None = None  # its emails' (BCP 47; None: the template's default)
 
 
 def _verification(row: Row[Any]) -> Verification:
