@@ -8,10 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine
 
 import mailbag
 from mailbag.services import intake
+from mailbag.services.templates import pinned
 from mailbag.settings import Settings
+from mailbag.store.session import Session
 
 BIN = b"\x00\x01 raw bytes"
 
@@ -38,11 +41,15 @@ class Case:
         ]
         return {**self.fields, "attachments": given}
 
-    def refusal(self) -> str:
-        """What the one door says of this input under its provider: every door must say it."""
+    def refusal(self, engine: Engine) -> str:
+        """What the one door says of this input under its provider: every door must say it.
+        A template is looked up (in `engine`'s database too) and rendered when the message is
+        written: services.templates.pinned says that."""
         rules = intake.Rules.of(Settings(provider=self.provider))
         with pytest.raises(mailbag.InvalidMessage) as refused:
-            rules.message(**self.python_fields())
+            message = rules.message(**self.python_fields())
+            with engine.connect() as conn:
+                Session(conn).run(pinned([message], rules.book))
         assert set(refused.value.errors) == {self.field}
         return refused.value.errors[self.field]
 

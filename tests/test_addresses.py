@@ -140,6 +140,8 @@ def cli(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MAILBAG_DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
     runner = CliRunner()
+    # A render is checked against the tenant's templates too: the database must be there.
+    assert runner.invoke(app, ["migrate"]).exit_code == 0
 
     def invoke(*args: str, **env: str) -> Any:
         for name, value in env.items():

@@ -450,23 +450,24 @@ def test_a_non_ascii_local_part_anywhere_needs_smtputf8(role: str) -> None:
 
 def test_check_renders_refuses_a_template_that_refers_to_a_missing_cid(tmp_path: Any) -> None:
     from mailbag.templates import Catalog
+    from mailbag.templates.book import Book
 
     folder = tmp_path / "templates" / "logo"
     folder.mkdir(parents=True)
     (folder / "subject.txt").write_text("Hi")
     (folder / "body.txt").write_text("Hi {{ name }}")
     (folder / "body.html").write_text('<img src="cid:{{ cid }}"> Hi {{ name }}')
-    catalog = Catalog(tmp_path / "templates")
+    book = Book(Catalog(tmp_path / "templates"))
     png = Attachment("logo.png", "image/png", b"png", "logo")
     good = new_message(
         to="a@example.com", template="logo", data={"name": "A", "cid": "logo"}, attachments=[png]
     )
-    check_renders(good, catalog)
+    check_renders(good, book, good.template_data)
     bad = new_message(
         to="a@example.com", template="logo", data={"name": "A", "cid": "other"}, attachments=[png]
     )
     with pytest.raises(InvalidMessage) as refused:
-        check_renders(bad, catalog)
+        check_renders(bad, book, bad.template_data)
     assert "cid:other" in refused.value.errors["html"]
 
 

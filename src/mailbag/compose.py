@@ -35,7 +35,8 @@ from mailbag.domain.message import (
     ascii_address,
     ascii_domain,
 )
-from mailbag.templates import Catalog, TemplateError
+from mailbag.templates import TemplateError
+from mailbag.templates.book import Book
 
 MESSAGE_ID_HEADER = "X-Mailbag-Message-ID"
 
@@ -141,6 +142,19 @@ class OutgoingEmail:
 
     def _signed(self, raw: bytes) -> bytes:
         return dkim.sign(raw, self.dkim) if self.dkim is not None else raw
+        try:
+            return dkim.sign(raw, self.dkim)
+        except Exception as exc:  # noqa: BLE001 - whatever dkimpy raises: never a send's fault
+            from mailbag import log, metrics
+
+            log.get("mailbag.compose").error(
+                "dkim_signing_failed",
+                domain=self.dkim.domain,
+                selector=self.dkim.selector,
+                error=type(exc).__name__,  # not its message: it may quote the key
+            )
+            metrics.DKIM_SIGNING_FAILED.inc()
+            return raw
 
     @cached_property
     def mime(self) -> EmailMessage:
@@ -236,7 +250,7 @@ class OutgoingEmail:
 
 def compose(
     message: Message,
-    catalog: Catalog,
+    book: Book,
     *,
     default_from_email: str,
     default_from_name: str | None,
@@ -260,7 +274,9 @@ def compose(
         subject, html, text = message.subject or "", message.html or "", message.text or ""
     else:
         data = {**message.template_data, **secrets(message)} if secrets else message.template_data
-        rendered = catalog.render(message.template_name, data, message.subject)
+        rendered = book.render(
+            message.template_name, data, message.subject, message.template_version_id
+        )
         subject, html, text = rendered.subject, rendered.html, rendered.text
     from_email = message.from_address or default_from_email
     from_name = default_from_name if message.from_address is None else message.from_name
@@ -299,16 +315,16 @@ def compose(
     )
 
 
-def check_renders(message: NewMessage, catalog: Catalog) -> None:
-    """Render a new message once, before it is written, so that what would fail at send
-    time -- a missing template variable, data that puts a line break into the subject --
-    is refused now (InvalidMessage) instead of ending `failed` later. For callers whose
-    data is complete at enqueue (the API and the CLI; a verification's token joins only
-    at render time)."""
+def check_renders(message: NewMessage, book: Book, data: Mapping[str, Any]) -> None:
+    """Render a new message once with `data` (its own, and any fields joined only at send
+    time), with the version it is pinned to, before it is written: what would fail at send
+    time -- a missing template variable, data that puts a line break into the subject -- is
+    refused now (InvalidMessage) instead of ending `failed` later."""
     if message.template_name is None:
         return  # ready-made: new_message checked its cid: references already
+    version_id = message.pin.version_id if message.pin else None
     try:
-        rendered = catalog.render(message.template_name, message.template_data, message.subject)
+        rendered = book.render(message.template_name, data, message.subject, version_id)
     except TemplateError as exc:
         raise InvalidMessage({"template": f"does not render with this data: {exc}"}) from None
     if (problem := unresolved_cid(rendered.html, message.attachments)) is not None:

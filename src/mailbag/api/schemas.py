@@ -26,6 +26,7 @@ from mailbag.domain.message import (
     TEMPLATE_NAME_MAX,
 )
 from mailbag.domain.states import Status
+from mailbag.domain.templates import LOCALE_MAX
 from mailbag.domain.verification import VState
 
 # The length of email_verifications.redirect_url (a test holds the two together).
@@ -186,6 +187,13 @@ class MessageCreate(Strict):
         description="Template name (or give ready-made `html`/`text` instead).",
         examples=["welcome"],
     )
+    locale: str | None = Field(
+        None,
+        max_length=LOCALE_MAX,
+        description="BCP 47 locale of the template: `fr-CA`, else `fr`, else the template's "
+        "default locale (the one used is `template_locale`).",
+        examples=["fr-CA"],
+    )
     data: dict[str, Any] | None = Field(
         None, description="Template variables.", examples=[{"name": "Ada"}]
     )
@@ -310,6 +318,15 @@ class MessageOut(BaseModel):
     from_: str | None = Field(None, alias="from")
     from_name: str | None = None
     template: str | None = Field(description="None for ready-made content.")
+    template_version: int | None = Field(
+        None,
+        description="The version of the tenant's template it renders with, fixed when it was "
+        "enqueued; None for a file template of the deployment or ready-made content.",
+    )
+    template_locale: str | None = Field(
+        None, description="The locale of that version (after fallback)."
+    )
+    locale: str | None = Field(None, description="The locale it asked for.")
     ready_made: bool = False
     has_html: bool = Field(False, description="Ready-made content with an HTML body.")
     has_text: bool = Field(False, description="Ready-made content with a text body.")
@@ -360,6 +377,12 @@ class VerificationCreate(Strict):
         None, description="Where the email's link points; the token and id are appended."
     )
     data: dict[str, Any] = Field(default_factory=dict, description="Extra template variables.")
+    locale: str | None = Field(
+        None,
+        max_length=LOCALE_MAX,
+        description="BCP 47 locale of its emails' template (with fallback, as for messages).",
+        examples=["fr"],
+    )
 
 
 class VerificationConfirm(Strict):
@@ -377,3 +400,4 @@ class VerificationOut(BaseModel):
     verified_at: datetime | None
     send_count: int
     message_id: str | None
+    locale: str | None = None

@@ -12,6 +12,7 @@ from mailbag.api.problems import COMMON, documented
 from mailbag.api.replay import replayed
 from mailbag.api.schemas import VerificationConfirm, VerificationCreate, VerificationOut
 from mailbag.domain.message import InvalidMessage, normalize_address
+from mailbag.domain.templates import locale_problem, normal_locale, template_name_problem
 from mailbag.services import intake
 from mailbag.services.verification import VerificationRequest, public
 
@@ -35,13 +36,16 @@ async def request_verification(
         email = normalize_address(body.email, intake.address_rules(svc.settings))
     except ValueError as exc:
         raise InvalidMessage({"email": f"is not a valid email address: {exc}"}) from None
-    if body.template not in svc.catalog_names:
-        raise InvalidMessage({"template": f"unknown template {body.template!r}"})
+    if (problem := template_name_problem(body.template)) is not None:
+        raise InvalidMessage({"template": problem})  # known or not: its email's pin says
+    if body.locale is not None and (problem := locale_problem(body.locale)) is not None:
+        raise InvalidMessage({"locale": problem})
     request = VerificationRequest(
         email=email,
         template=body.template,
         redirect_url=str(body.redirect_url) if body.redirect_url else None,
         data=body.data,
+        locale=normal_locale(body.locale) if body.locale is not None else None,
     )
     result = await svc.verifications.request(
         tenant_id=call.tenant.id, key=call.key, request=request, now=call.now

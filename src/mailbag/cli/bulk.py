@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from mailbag.domain.message import NewMessage
     from mailbag.services.intake import Rules
     from mailbag.settings import Settings
+    from mailbag.templates.book import Book
 
 # Columns that address the message; every other column is template data.
 ADDRESS_COLUMNS = ("to", "to_name", "cc", "bcc", "reply_to", "from", "from_name")
@@ -124,9 +125,10 @@ def send_bulk(
 
     check_options(delimiter, priority, key_prefix, key_column)
     config = settings()
-    rules = rules_with(config, template)
+    rules = rules_with(config)
     engine = database()  # the schema checked before any row is
     owner = tenant_id(engine, tenant)  # an unknown tenant: exit 2 before any row is read
+    known_template(engine, rules, owner, template)
     raw = read(file)
     started = time.perf_counter()
     sheet = parse_sheet(file, raw, template, delimiter, key_column)
@@ -142,7 +144,7 @@ def send_bulk(
     rows_given = len(sheet.body)
     with progress_bar() as progress:
         good, bad = check_rows(checker, sheet.body, progress)
-        good, refused = check_senders(engine, good, config.ready_from)
+        good, refused = check_in_database(engine, good, config.ready_from, rules.book)
         bad = sorted(bad + refused)
         report_bad(bad)
         if rejects is not None and bad:
@@ -155,9 +157,7 @@ def send_bulk(
             )
             raise typer.Exit(2 if bad else 0)
         writing = progress.add_task("writing", total=len(good))
-        counts = write(
-            engine, good, chunk_size, progress, writing, rules.max_attempts, config.ready_from
-        )
+        counts = write(engine, good, chunk_size, progress, writing, rules, config.ready_from)
     seconds = time.perf_counter() - started
     suppressed = f" ({counts['suppressed']} suppressed: not sent)" if counts["suppressed"] else ""
     typer.echo(
@@ -178,19 +178,26 @@ def check_options(delimiter: str, priority: str, key_prefix: str, key_column: st
         fail("--key-prefix goes with --key-column")
 
 
-def rules_with(config: Settings, template: str) -> Rules:
-    """The rules every row is checked under (services.intake), once the template is known."""
+def rules_with(config: Settings) -> Rules:
+    """The rules every row is checked under (services.intake)."""
     from mailbag import templates
     from mailbag.services import intake
 
     try:
-        rules = intake.Rules.of(config)
+        return intake.Rules.of(config)
     except templates.TemplateError as exc:
         fail(str(exc))
-    names = rules.catalog.names()
-    if template not in names:
-        fail(f"unknown template {template!r}; known: {', '.join(sorted(names))}")
-    return rules
+
+
+def known_template(engine: Engine, rules: Rules, tenant: str, template: str) -> None:
+    """Exit 2 unless `template` is the tenant's (in the database) or a file template."""
+    from mailbag.services.templates import is_template
+
+    with engine.connect() as conn:
+        if is_template(conn, tenant, template, rules.book):
+            return
+    names = ", ".join(sorted(rules.catalog.names()))
+    fail(f"unknown template {template!r}: not one of tenant {tenant}'s, nor a file's ({names})")
 
 
 @dataclass(frozen=True)
@@ -352,19 +359,24 @@ def addresses(cell: str) -> list[str]:
     return [a.strip() for a in cell.split(",") if a.strip()]
 
 
-def check_senders(
-    engine: Engine, good: list[Row], ready_from: str | None
+def check_in_database(
+    engine: Engine, good: list[Row], ready_from: str | None, book: Book
 ) -> tuple[list[Row], list[Bad]]:
-    """The rows whose `from` is a sender identity of the tenant (on a ready sender domain,
-    with `ready_from`: Settings.ready_from), and the others with why."""
+    """The rows that render with the template version they get (the tenant's in the
+    database, else the file's: services.templates.pin_each), whose `from` is a sender
+    identity of the tenant (on a ready sender domain, with `ready_from`:
+    Settings.ready_from); and the others with why."""
     from mailbag.services.batch import refused_senders
+    from mailbag.services.templates import pin_rows
 
-    if not ready_from and not any(m.from_address for _, m, _ in good):
-        return good, []
     with engine.connect() as conn:
-        refused = refused_senders(conn, [m for _, m, _ in good], ready_from)
+        messages, refused = pin_rows(conn, [m for _, m, _ in good], book)
+        good = [(line, m, record) for (line, _, record), m in zip(good, messages, strict=True)]
+        if ready_from or any(m.from_address for m in messages):
+            refused = refused_senders(conn, messages, ready_from) | refused
     kept = [row for i, row in enumerate(good) if i not in refused]
-    return kept, [(good[i][0], str(exc), good[i][2]) for i, exc in refused.items()]
+    bad = [(good[i][0], str(exc), good[i][2]) for i, exc in sorted(refused.items())]
+    return kept, bad
 
 
 def report_bad(bad: list[Bad]) -> None:
@@ -395,7 +407,7 @@ def write(
     chunk_size: int,
     progress: Progress,
     task: TaskID,
-    max_attempts: int,
+    rules: Rules,
     ready_from: str | None,
 ) -> dict[str, int]:
     """Write the messages, `chunk_size` per transaction; a stop half-way says how to go on."""
@@ -412,7 +424,12 @@ def write(
             chunk = [message for _, message, _ in good[start : start + chunk_size]]
             with engine.begin() as conn:
                 results = write_many(
-                    conn, chunk, max_attempts=max_attempts, actor=ACTOR, ready_from=ready_from
+                    conn,
+                    chunk,
+                    book=rules.book,
+                    max_attempts=rules.max_attempts,
+                    actor=ACTOR,
+                    ready_from=ready_from,
                 )
             for result in results:
                 if not result.created:

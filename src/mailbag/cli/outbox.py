@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from mailbag.domain.content import Attachment
     from mailbag.domain.message import NewMessage
     from mailbag.services.operations import Health, Operations
+    from mailbag.settings import Settings
 
 
 def option(metavar: str | None, help: str, *flags: str) -> Any:
@@ -101,6 +102,9 @@ UNSUBSCRIBE_URL = Annotated[str | None, option("URL", "https:// one-click List-U
 UNSUBSCRIBE_MAILTO = Annotated[
     str | None, option("ADDRESS", "Address for a mailto: List-Unsubscribe.")
 ]
+LOCALE = Annotated[
+    str | None, option("TAG", "BCP 47 locale of the template (fr-CA, then fr, then its default).")
+]
 
 
 def enqueue(
@@ -127,6 +131,7 @@ def enqueue(
     priority: PRIORITY = "normal",
     unsubscribe_url: UNSUBSCRIBE_URL = None,
     unsubscribe_mailto: UNSUBSCRIBE_MAILTO = None,
+    locale: LOCALE = None,
 ) -> None:
     """Put one email into the outbox and print its id."""
     from dataclasses import replace
@@ -167,16 +172,14 @@ def enqueue(
             priority=priority,
             unsubscribe_url=unsubscribe_url,
             unsubscribe_mailto=unsubscribe_mailto,
+            locale=locale,
         )
     except (InvalidMessage, templates.TemplateError) as exc:
         fail(f"invalid message: {exc}")
     engine = database()
     message = replace(message, tenant_id=tenant_id(engine, tenant))  # checked, now resolved
     try:
-        if key is not None:
-            written = enqueue_once(message)
-        else:
-            written = write_one(engine, message, config.max_attempts, config.ready_from)
+        written = enqueue_once(message) if key is not None else write_one(engine, message, config)
     except InvalidMessage as exc:  # a `from` that is not the tenant's: nothing was written
         fail(f"invalid message: {exc}")
     typer.echo(written)
@@ -216,15 +219,19 @@ def expires_in_option(value: str | None) -> datetime | None:
     return None if value is None else utcnow() + parse_age(value)
 
 
-def write_one(
-    engine: Engine, message: NewMessage, max_attempts: int, ready_from: str | None
-) -> str:
+def write_one(engine: Engine, message: NewMessage, config: Settings) -> str:
     """A checked message without a key into the outbox; its id."""
+    from mailbag.services import intake
     from mailbag.services.outbox import write_many
 
     with engine.begin() as conn:
         (result,) = write_many(
-            conn, [message], max_attempts=max_attempts, actor="cli", ready_from=ready_from
+            conn,
+            [message],
+            book=intake.book(config),
+            max_attempts=config.max_attempts,
+            actor="cli",
+            ready_from=config.ready_from,
         )
     return str(result.message.id)
 

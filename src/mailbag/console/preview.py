@@ -23,7 +23,8 @@ from mailbag.domain.content import CID_REFERENCE, Attachment, AttachmentRef
 from mailbag.domain.message import Message
 from mailbag.domain.verification import EmailReference
 from mailbag.settings import Settings
-from mailbag.templates import Catalog, TemplateError
+from mailbag.templates import TemplateError
+from mailbag.templates.book import Book
 
 REDACTED = "[redacted]"
 # Not shown: the MIME structure is noise, and Date would be the time of this preview.
@@ -86,20 +87,21 @@ def with_inline_images(html: str, attachments: Sequence[Attachment]) -> str:
 
 def preview(
     message: Message,
-    catalog: Catalog,
+    book: Book,
     settings: Settings,
     now: datetime,
     contents: Mapping[str, bytes] | None = None,
 ) -> Preview:
     """`contents` holds the bytes of the message's inline images by SHA-256
-    (`inline_images`); an image without its bytes is left out of the preview."""
+    (`inline_images`); an image without its bytes is left out of the preview. `book` holds
+    its template version (services.templates.Templates.hold)."""
     contents = contents or {}
     images = tuple(ref for ref in inline_images(message) if ref.sha256 in contents)
     safe = dataclasses.replace(message, template_data=redacted_data(message), attachments=images)
     try:
         email = compose(
             safe,
-            catalog,
+            book,
             default_from_email=settings.from_email,
             default_from_name=settings.from_name,
             message_id_domain=settings.message_id_host,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 from typing import Any
+from urllib.parse import quote
 
 from starlette.responses import Response
 
@@ -118,17 +119,19 @@ async def message(c: Console) -> Response:
     images = await attachments.contents(c, inline_images(found))
     # The pauses that hold it back, if it waits to be sent: said plainly at the top.
     held = holding(await Pauses(c.services.engine).listing(), found)
+    book = await c.services.templates.hold([found.template_version_id])
     return c.page(
         "message.html",
         message=found,
         recipients=recipients(found),
         priority=priority_label(found.priority),
         data=redacted_data(found),
-        preview=preview(found, c.services.catalog, c.services.settings, c.now(), images),
+        preview=preview(found, book, c.services.settings, c.now(), images),
         transitions=transitions,
         provider_events=provider_events,
         actions=actions_for(found.status),
         held=[(p, pause_label(c, p.scope, p.target)) for p in held],
+        template_url=message_template_url(found),
     )
 
 
@@ -163,3 +166,17 @@ async def suppressions(c: Console) -> Response:
 
 def message_url(message_id: uuid.UUID | str) -> str:
     return f"/admin/messages/{message_id}"
+
+
+def template_url(tenant_id: str, name: str, locale: str) -> str:
+    """The console's page of a tenant's template in one locale (templates_editor.py)."""
+    parts = (tenant_id, name, locale)
+    return "/admin/tenants/{}/templates/{}/{}".format(*(quote(p, safe="") for p in parts))
+
+
+def message_template_url(message: Message) -> str | None:
+    """The page of the template version a message renders with; None: it has none (a
+    file template, or ready-made content)."""
+    if message.template_name is None or message.template_locale is None:
+        return None
+    return template_url(message.tenant_id, message.template_name, message.template_locale)

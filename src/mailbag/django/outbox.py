@@ -45,6 +45,7 @@ def write(
             actor=ACTOR,
             erasure_key=rules.erasure_key,
             ready_from=rules.ready_from,
+            book=rules.book,
         )
         if any(result.created for result in results):
             # Not wakeup.notify_after_commit: SQLAlchemy never sees Django's commit.

@@ -20,9 +20,11 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from mailbag.domain.message import InvalidMessage, NewMessage
+from mailbag.services import intake
 from mailbag.services import outbox as outbox_service
 from mailbag.services.idempotency import Response, execute, fingerprint
 from mailbag.services.messages import message_fingerprint, public
+from mailbag.services.templates import pin_each
 from mailbag.settings import Settings
 from mailbag.store import sender_domains
 from mailbag.store import senders as sender_store
@@ -106,7 +108,13 @@ class Batches:
         async def work(tx: AsyncSession) -> Response:
             wanted = [(i, item.message) for i, item in enumerate(items) if item.message]
             ready_from = self.settings.ready_from
-            refused = await tx.run(foreign_senders([m for _, m in wanted], ready_from))
+            # Each item's template version and one render of it, then its sender: an item
+            # refused by either is reported as invalid, and the others are written.
+            book = intake.book(self.settings)
+            messages, refused = await tx.run(pin_each([m for _, m in wanted], book))
+            wanted = [(i, m) for (i, _), m in zip(wanted, messages, strict=True)]
+            senders = await tx.run(foreign_senders(messages, ready_from))
+            refused = senders | refused
             results: list[dict[str, Any]] = [
                 {"index": i, "result": "invalid", "error": item.problem}
                 for i, item in enumerate(items)
@@ -118,6 +126,7 @@ class Batches:
             enqueued = await outbox_service.write_many_async(
                 tx.connection,
                 [m for _, m in writable],
+                book=book,
                 max_attempts=self.settings.max_attempts,
                 actor=ACTOR,
                 now=now,

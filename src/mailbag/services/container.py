@@ -16,11 +16,13 @@ from mailbag.clock import Clock
 from mailbag.services.hooks import Hooks
 from mailbag.services.messages import Messages
 from mailbag.services.operations import Operations
+from mailbag.services.templates import Templates
 from mailbag.services.throttle import FailureThrottle
 from mailbag.services.verification import Verifications
 from mailbag.settings import Settings
 from mailbag.store.tenants import Tenant
 from mailbag.templates import Catalog
+from mailbag.templates.book import book_of
 
 
 class KeyCache:
@@ -57,11 +59,14 @@ class Services:
     hooks: Hooks  # every method raises HooksOff while HOOKS_KEY is unset
     catalog: Catalog
     known_keys: KeyCache = field(default_factory=lambda: KeyCache())
+    # Tenants' templates, over `catalog`'s (the one Book of the process for it).
+    templates: Templates = field(init=False)
     # Wrong console passwords and wrong admin tokens, each limited on its own.
     login_failures: FailureThrottle = field(init=False)
     admin_token_failures: FailureThrottle = field(init=False)
 
     def __post_init__(self) -> None:
+        self.templates = Templates(self.engine, book_of(self.catalog))
         self.login_failures = self._failure_throttle()
         self.admin_token_failures = self._failure_throttle()
 
@@ -70,7 +75,3 @@ class Services:
             per_client=self.settings.auth_failures_per_client,
             overall=self.settings.auth_failures_overall,
         )
-
-    @property
-    def catalog_names(self) -> frozenset[str]:
-        return self.catalog.names()

@@ -14,19 +14,21 @@ verification service's email, and `mailbag.enqueue`, `enqueue_async`, `enqueue_m
 1. `new_message` under the deployment's rules: the addresses it can send to
    (`address_rules`: ALLOW_TEST_DOMAINS, and whether the provider carries a UTF-8 local
    part), how much one message may carry (`limits`: the size settings and what the
-   provider's class declares in its `Capabilities`), the templates the worker has;
-2. one render of the message with its data (compose.check_renders), so that what would
-   fail at send time is refused now.
+   provider's class declares in its `Capabilities`);
+2. when it is written (services.outbox), the template version it renders with, its
+   tenant's in the database in the locale it asks for, else the deployment's file
+   template (services.templates.pinned), and one render of it with its data
+   (compose.check_renders), so that what would fail at send time is refused now.
 
 A verification email's template also takes fields that are never stored (its token and
 link: the worker derives them again when it renders). The verification service derives
-them before it writes the email and passes them as `secrets=`: they join the data for the
-render check only, so that email is checked as fully as any other.
+them and pins its email itself with them (`secrets`): they join the data for the render
+check only, so that email is checked as fully as any other.
 
 The rules come from Settings: the API, the CLI and Django pass theirs; `mailbag.enqueue*`
 use the deployment's (`deployment_rules`: the environment and mailbag.toml, read once per
 process) unless given `settings=`. Arguments given explicitly (`limits=`,
-`address_rules=`, `known_templates=`) win over the rules' own. Writing the checked
+`address_rules=`) win over the rules' own. Writing the checked
 messages is services.outbox's; nothing here commits.
 """
 
@@ -61,6 +63,7 @@ if TYPE_CHECKING:  # the asyncio extension brings in the ORM: sync callers never
 
     from mailbag.settings import Settings
     from mailbag.templates import Catalog
+    from mailbag.templates.book import Book
 
 
 def address_rules(settings: Settings, provider: str | None = None) -> AddressRules:
@@ -161,15 +164,16 @@ class Rules:
             erasure_key=settings.erasure_key,
         )
 
-    def message(self, *, secrets: Mapping[str, Any] | None = None, **fields: Any) -> NewMessage:
-        """`new_message` under these rules, then rendered once (compose.check_renders):
-        InvalidMessage (MessageTooLarge) for whatever the deployment could not send.
-        `address_rules`, `limits` or `known_templates` given in `fields` win. `secrets`:
-        template fields joined at send time and never stored (a verification's token and
-        link), added to the data for the render only."""
-        from mailbag.compose import check_renders
+    @property
+    def book(self) -> Book:
+        """The templates messages render with: tenants' versions, then `catalog`'s."""
+        return book_of(self.catalog)
 
-        fields.setdefault("known_templates", self.catalog.names())
+    def message(self, **fields: Any) -> NewMessage:
+        """`new_message` under these rules: InvalidMessage (MessageTooLarge) for whatever
+        the deployment could not send. `address_rules` or `limits` given in `fields` win.
+        Its template is looked up, and rendered once, when it is written (outbox.write_many:
+        a tenant's template is in the database)."""
         if self.carriers and "address_rules" not in fields and "limits" not in fields:
             message = self._routed(fields)
         else:
@@ -185,10 +189,6 @@ class Rules:
             )
         ):
             raise InvalidMessage({"unsubscribe_url": problem})
-        rendered = message
-        if secrets:
-            rendered = replace(message, template_data={**message.template_data, **secrets})
-        check_renders(rendered, self.catalog)
         return message
 
     def _routed(self, fields: Mapping[str, Any]) -> NewMessage:
@@ -222,6 +222,17 @@ class Rules:
         """A message built elsewhere (by `mailbag.new_message`, under no deployment's
         rules), checked again under these."""
         return self.message(**message.fields())
+
+
+def book_of(catalog: Catalog) -> Book:
+    from mailbag.templates.book import book_of
+
+    return book_of(catalog)
+
+
+def book(settings: Settings) -> Book:
+    """The Book of a deployment with these settings (one per TEMPLATES_DIR and process)."""
+    return book_of(load_catalog(settings.templates_dir))
 
 
 @lru_cache(maxsize=8)
@@ -272,6 +283,7 @@ def enqueue(
         max_attempts=max_attempts or rules.max_attempts,
         erasure_key=rules.erasure_key,
         ready_from=rules.ready_from,
+        book=rules.book,
     )[0]
 
 
@@ -292,6 +304,7 @@ async def enqueue_async(
         max_attempts=max_attempts or rules.max_attempts,
         ready_from=rules.ready_from,
         erasure_key=rules.erasure_key,
+        book=rules.book,
     )
     return written[0]
 
@@ -314,6 +327,7 @@ def enqueue_many(
         max_attempts=max_attempts or rules.max_attempts,
         erasure_key=rules.erasure_key,
         ready_from=rules.ready_from,
+        book=rules.book,
     )
 
 
@@ -333,4 +347,5 @@ async def enqueue_many_async(
         max_attempts=max_attempts or rules.max_attempts,
         erasure_key=rules.erasure_key,
         ready_from=rules.ready_from,
+        book=rules.book,
     )

@@ -12,8 +12,10 @@ from mailbag import wakeup
 from mailbag.domain.content import Priority
 from mailbag.domain.message import Filter, Message, NewMessage
 from mailbag.domain.states import Status
+from mailbag.services import intake
 from mailbag.services import outbox as outbox_service
 from mailbag.services.idempotency import Response, execute, fingerprint
+from mailbag.services.templates import pinned
 from mailbag.settings import Settings
 from mailbag.store import attachments as attachment_store
 from mailbag.store import enqueue as enqueue_store
@@ -58,6 +60,11 @@ def public(m: Message, events: list[Any] | None = None) -> dict[str, Any]:
         "from": m.from_address,
         "from_name": m.from_name,
         "template": m.template_name,
+        # The tenant's template version it renders with (None: a file template) and its
+        # locale; the locale it asked for.
+        "template_version": m.template_version,
+        "template_locale": m.template_locale,
+        "locale": m.locale,
         "ready_made": m.ready_made,
         "has_html": m.html is not None,
         "has_text": m.text is not None,
@@ -143,6 +150,7 @@ def message_fingerprint(message: NewMessage) -> str:
         "bulk": message.bulk,
         "unsubscribe_url": message.unsubscribe_url,
         "unsubscribe_mailto": message.unsubscribe_mailto,
+        "locale": message.locale,
     }
     # Unset new fields are left out: an old record's fingerprint stays the same.
     fields.update({k: v for k, v in extra.items() if v not in (None, [], 0)})
@@ -161,6 +169,12 @@ class Messages:
         history says enqueued it (the API, or the CLI's `enqueue --key`)."""
         request_fingerprint = message_fingerprint(message)
         ttl = timedelta(hours=self.settings.idempotency_ttl_hours)
+        book = intake.book(self.settings)
+        if message.template_name is not None and message.pin is None:
+            # Its template version, before either path writes it (the first use is one
+            # statement): the one current now, in its locale.
+            async with self.db.connect(read_only=True) as tx:
+                (message,) = await tx.run(pinned([message], book))
         ready_from = self.settings.ready_from  # its check is the general path's
         if key is not None and ready_from is None and takes_first_use(message):
             first = await self._first_use(key, message, request_fingerprint, now, ttl, actor)
@@ -171,6 +185,7 @@ class Messages:
             (enqueued,) = await outbox_service.write_many_async(
                 tx.connection,
                 [message],
+                book=book,
                 max_attempts=self.settings.max_attempts,
                 actor=actor,
                 now=now,

@@ -20,12 +20,15 @@ from mailbag.clock import utcnow
 from mailbag.domain.erasure import ErasureKey
 from mailbag.domain.message import NewMessage
 from mailbag.domain.policy import RetryPolicy
+from mailbag.services.templates import pinned
 from mailbag.store import enqueue as store
 from mailbag.store import sender_domains
 from mailbag.store.enqueue import Enqueued
 from mailbag.store.plan import Plan, options_of
 from mailbag.store.session import AsyncSession, Session
 from mailbag.store.suppressions import ERASURE_KEY_OPTION
+from mailbag.templates import builtin
+from mailbag.templates.book import Book, book_of
 
 if TYPE_CHECKING:  # the asyncio extension brings in the ORM: sync callers never need it
     from sqlalchemy.ext.asyncio import AsyncConnection
@@ -35,11 +38,15 @@ DEFAULT_MAX_ATTEMPTS = RetryPolicy().max_attempts
 
 def _plan(
     messages: Sequence[NewMessage],
+    book: Book,
     max_attempts: int,
     actor: str,
     now: datetime | None,
     ready_from: str | None,
 ) -> Plan[list[Enqueued]]:
+    # Each message's template version, and one render of it: refused before anything is
+    # written (a message pinned already, by the API before its first-use path, as it is).
+    messages = yield from pinned(messages, book)
     if ready_from is not None:  # REQUIRE_READY_DOMAINS: refused before anything is written
         yield from sender_domains.require_ready(messages, ready_from)
     return (
@@ -47,6 +54,10 @@ def _plan(
             messages, now=now or utcnow(), default_max_attempts=max_attempts, actor=actor
         )
     )
+
+
+def _builtin() -> Book:
+    return book_of(builtin())
 
 
 def count_created(results: list[Enqueued]) -> None:
@@ -75,6 +86,7 @@ def write_many(
     conn: Connection,
     messages: Sequence[NewMessage],
     *,
+    book: Book | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     actor: str = "app",
     now: datetime | None = None,
@@ -84,10 +96,14 @@ def write_many(
     """Write messages services.intake checked (the store checks only what needs the
     database: suppressions, sender identities, idempotency keys, and with `ready_from`,
     Settings.ready_from, sender domains' readiness). `erasure_key`: the deployment's
-    (Rules.erasure_key), for a connection mailbag did not make."""
+    (Rules.erasure_key), for a connection mailbag did not make. `book`: the templates
+    they render with (Rules.book; None: tenants' and the built-in ones); each message is
+    pinned to its version there (services.templates.pinned) and rendered once."""
     if extra := _erasure_option(conn.get_execution_options(), erasure_key):
         conn.execution_options(**extra)  # in place: the caller's connection, one more option
-    results = Session(conn).run(_plan(messages, max_attempts, actor, now, ready_from))
+    results = Session(conn).run(
+        _plan(messages, book or _builtin(), max_attempts, actor, now, ready_from)
+    )
     return _written(results, conn)
 
 
@@ -95,6 +111,7 @@ async def write_many_async(
     conn: AsyncConnection,
     messages: Sequence[NewMessage],
     *,
+    book: Book | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     actor: str = "app",
     now: datetime | None = None,
@@ -104,6 +121,6 @@ async def write_many_async(
     """`write_many` on an AsyncConnection."""
     if extra := _erasure_option(options_of(conn), erasure_key):
         await conn.execution_options(**extra)
-    plan = _plan(messages, max_attempts, actor, now, ready_from)
+    plan = _plan(messages, book or _builtin(), max_attempts, actor, now, ready_from)
     results = await AsyncSession(conn).run(plan)
     return _written(results, conn.sync_connection)  # type: ignore[arg-type]

@@ -34,7 +34,7 @@ from mailbag.domain.verification import (
     digest,
     matches,
 )
-from mailbag.services import intake
+from mailbag.services import intake, templates
 from mailbag.services import outbox as outbox_service
 from mailbag.services.idempotency import Response, execute, fingerprint
 from mailbag.settings import Settings
@@ -43,6 +43,7 @@ from mailbag.store import first_use, operator
 from mailbag.store import idempotency as idempotency_store
 from mailbag.store import verifications as store
 from mailbag.store.enqueue import Enqueued
+from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase, AsyncSession, Conflict
 from mailbag.store.verifications import Verification, VerificationFilter
 
@@ -112,17 +113,18 @@ class VerificationRequest:
     template: str
     redirect_url: str | None
     data: dict[str, Any]
+    locale: str | None = None  # BCP 47, canonical case
 
     def fingerprint(self, operation: str) -> str:
-        return fingerprint(
-            operation,
-            {
-                "email": self.email.casefold(),
-                "template": self.template,
-                "redirect_url": self.redirect_url,
-                "data": self.data,
-            },
-        )
+        fields = {
+            "email": self.email.casefold(),
+            "template": self.template,
+            "redirect_url": self.redirect_url,
+            "data": self.data,
+        }
+        if self.locale is not None:  # unset: an old record's fingerprint stays the same
+            fields["locale"] = self.locale
+        return fingerprint(operation, fields)
 
 
 def public(v: Verification) -> dict[str, Any]:
@@ -138,6 +140,7 @@ def public(v: Verification) -> dict[str, Any]:
         "verified_at": v.verified_at.isoformat() if v.verified_at else None,
         "send_count": v.send_count,
         "message_id": str(v.message_id) if v.message_id else None,
+        "locale": v.locale,
     }
 
 
@@ -146,6 +149,7 @@ class Verifications:
         self.db, self.settings = AsyncDatabase(engine), settings
         # Raises MissingSecretKey now, so an API without the key refuses to start.
         self.tokens = settings.verification_tokens
+        self.book = intake.book(settings)
 
     @property
     def ttl(self) -> timedelta:
@@ -263,7 +267,7 @@ class Verifications:
         rendered. Raises RotatedMeanwhile if another transaction rotated since `v` was read.
         """
         send_number = v.send_count + 1
-        message = self._email(
+        email = self._email(
             v.id,
             v.tenant_id,
             v.email,
@@ -272,10 +276,13 @@ class Verifications:
             v.expires_at,
             send_number,
             data,
+            v.locale,
         )
+        message = await tx.run(self._pinned(email, v.id, send_number))
         (enqueued,) = await outbox_service.write_many_async(
             tx.connection,
             [message],
+            book=self.book,
             max_attempts=self.settings.max_attempts,
             actor=ACTOR,
             now=now,
@@ -322,10 +329,10 @@ class Verifications:
         expires_at: datetime,
         send_number: int,
         data: dict[str, Any],
+        locale: str | None,
     ) -> NewMessage:
         """The email of a verification's send, through services.intake (it carries the
-        send's reference, not the token: the worker derives that when it renders). It is
-        rendered once with the token and link the worker will derive, never stored."""
+        send's reference, not the token: the worker derives that when it renders)."""
         reference = EmailReference(verification_id, send_number, redirect_url)
         return intake.Rules.of(self.settings).message(
             to=email,
@@ -334,8 +341,17 @@ class Verifications:
             idempotency_key=f"verification:{verification_id}:{send_number}",
             data={**data, "email": email, "expires_at": expires_at.strftime("%Y-%m-%d %H:%M UTC")},
             metadata=reference.metadata(),
-            secrets=reference.secrets(self.tokens.token(verification_id, send_number)),
+            locale=locale,
         )
+
+    def _pinned(self, email: NewMessage, verification_id: uuid.UUID, send: int) -> Plan[NewMessage]:
+        """The email with its template version, rendered once with the token and link the
+        worker will derive (never stored)."""
+        reference = EmailReference.from_metadata(email.metadata)
+        assert reference is not None
+        secrets = reference.secrets(self.tokens.token(verification_id, send))
+        (pinned,) = yield from templates.pinned([email], self.book, [secrets])
+        return pinned
 
     def _new(
         self,
@@ -354,6 +370,7 @@ class Verifications:
             "message_id": None,
             "template_name": request.template,
             "redirect_url": request.redirect_url,
+            "locale": request.locale,
         }
 
     def _rotation(
@@ -386,7 +403,10 @@ class Verifications:
             created["expires_at"],
             1,
             request.data,
+            request.locale,
         )
+        async with self.db.connect(read_only=True) as tx:
+            message = await tx.run(self._pinned(message, created["id"], 1))
         message_row = enqueue_store.first_use_row(message, now, self.settings.max_attempts)
         values = self._rotation(created["id"], 1, message_row["id"])
         made = store.verification_of(store.moved(created, VAction.ENQUEUE, values, now=now))

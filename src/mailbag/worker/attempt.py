@@ -54,7 +54,8 @@ from mailbag.domain.rate import Pace, SendSlot
 from mailbag.domain.routing import sure_refusal
 from mailbag.domain.states import Action
 from mailbag.providers.kit import describe
-from mailbag.templates import Catalog, TemplateError
+from mailbag.templates import TemplateError
+from mailbag.templates.book import Book
 from mailbag.worker.config import WorkerConfig
 from mailbag.worker.fleet import Fleet, metric_label
 
@@ -88,7 +89,7 @@ def chunks(messages: Sequence[Message], max_batch_size: int) -> list[Sequence[Me
 @dataclass(frozen=True)
 class Sender:
     fleet: Fleet
-    catalog: Catalog
+    book: Book  # its messages' templates: their pinned versions, the file templates
     config: WorkerConfig
     clock: Clock
     rng: random.Random
@@ -154,7 +155,7 @@ class Sender:
             try:
                 email = compose(
                     message,
-                    self.catalog,
+                    self.book,
                     default_from_email=config.from_email,
                     default_from_name=config.from_name,
                     message_id_domain=config.message_id_domain,

@@ -37,6 +37,8 @@ from mailbag.store.enqueue import NOTIFY_CHANNEL
 from mailbag.store.message_transitions import Changed
 from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase
+from mailbag.templates import builtin
+from mailbag.templates.book import Book, book_of
 from mailbag.worker.ledger import Decided
 
 __all__ = ["Claimed", "Finalized", "WorkerDatabase", "Written"]
@@ -81,8 +83,11 @@ class WorkerDatabase:
         lease: timedelta,
         timeout: float,
         clock: Clock,
+        book: Book | None = None,
     ) -> None:
         self.db = AsyncDatabase(engine)
+        # The templates its claims render with: the versions it lacks are read with the claim.
+        self.book = book or book_of(builtin())
         self.worker_id, self.provider = worker_id, provider
         self.lease, self.timeout, self.clock = lease, timeout, clock
         self.unconfirmed: list[uuid.UUID] = []  # tokens of claims that failed, maybe committed
@@ -127,6 +132,8 @@ class WorkerDatabase:
             token=token,
             paused_tenants=gate.paused_tenants(),
         )
+        # Template versions not yet held: one more statement the first time each is seen.
+        yield from self.book.load([m.template_version_id for m in claim.messages])
         sha256s = {ref.sha256 for message in claim.messages for ref in message.attachments}
         if not sha256s:  # the usual case: not one more statement
             return Claimed(claim.token, claim.messages, {})

@@ -40,6 +40,7 @@ from mailbag.providers.base import Provider
 from mailbag.providers.kit import describe
 from mailbag.store.plan import Plan
 from mailbag.templates import Catalog
+from mailbag.templates.book import book_of
 from mailbag.worker.attempt import NO_CONTENTS, Sender, chunks
 from mailbag.worker.config import PeriodicJob, WorkerConfig
 from mailbag.worker.database import Claimed, WorkerDatabase, Written
@@ -91,8 +92,11 @@ class Worker:
             lease=config.lease,
             timeout=config.db_timeout,
             clock=clock,
+            book=book_of(catalog),
         )
-        self.sender = Sender(fleet, catalog, config, clock, rng or random.Random(), self.log)
+        self.sender = Sender(
+            fleet, self.database.book, config, clock, rng or random.Random(), self.log
+        )
         self.fleet_rate = (
             FleetRate(
                 engine,
