@@ -15,11 +15,13 @@ import dns.message
 import dns.query
 import dns.rdatatype
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import update
 
 import mailbag
 from api_helpers import settings_for
 from mailbag.clock import utcnow
+from mailbag.domain.dkim import Algorithm, SigningKey
 from mailbag.domain.states import Status
 from mailbag.providers.file import FileProvider
 from mailbag.providers.smtp import SMTPProvider
@@ -33,7 +35,7 @@ from mailbag.worker.signing import Signing
 
 from conftest import TestDB
 from dns_server import DnsServer
-from helpers import run_worker_until, status_counts
+from helpers import outgoing_email, run_worker_until, status_counts
 from smtp_server import RecordingSMTPServer
 
 
@@ -154,3 +156,39 @@ async def test_an_eml_file_is_signed_and_a_key_that_does_not_open_signs_nothing(
     assert b"a=ed25519-sha256" in raw
     assert dkimpy.verify(raw, dnsfunc=verifier(nameserver))
     assert set(run.fleet.signing_keys) == {("default", "example.com")}  # broken.example: none
+
+
+def signing_failures() -> float:
+    return REGISTRY.get_sample_value("mailbag_dkim_signing_failed_total") or 0.0
+
+
+def test_a_key_dkimpy_cannot_sign_with_sends_the_email_unsigned() -> None:
+    key = SigningKey("example.com", "s1", Algorithm.RSA, b"-----BEGIN PRIVATE KEY-----\nnot")
+    before = signing_failures()
+    raw = outgoing_email(dkim=key).raw  # raised inside the provider's send before
+    assert b"DKIM-Signature" not in raw and b"Subject:" in raw
+    assert signing_failures() == before + 1
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+async def test_a_signing_failure_during_the_send_is_sent_unsigned_never_unknown(
+    db: TestDB,
+    async_engine: Any,
+    nameserver: DnsServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await published(db, nameserver, "default", "example.com")
+
+    def broken(raw: bytes, key: Any) -> bytes:
+        raise ValueError("dkimpy could not sign")
+
+    monkeypatch.setattr("mailbag.domain.dkim.sign", broken)
+    folder = tmp_path / "outbox"
+    enqueue(db)
+    await run_worker_until(
+        worker(db, async_engine, FileProvider(folder), "billing@example.com"), sent(db, 1)
+    )
+    assert status_counts(db) == {Status.SENT.value: 1}  # not unknown: the send never failed
+    (eml,) = folder.glob("*.eml")
+    assert b"DKIM-Signature" not in eml.read_bytes()

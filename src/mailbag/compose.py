@@ -141,7 +141,12 @@ class OutgoingEmail:
         return self._signed(self._build(utf8=True))
 
     def _signed(self, raw: bytes) -> bytes:
-        return dkim.sign(raw, self.dkim) if self.dkim is not None else raw
+        """`raw` signed with the From domain's key. Providers ask for `raw` inside their
+        send, where any exception means "it may have left" (`unknown`): a key dkimpy
+        cannot sign with is a fault of the key, not of the send, so the email goes
+        unsigned (SPF can still align it), logged and counted, and is never stuck."""
+        if self.dkim is None:
+            return raw
         try:
             return dkim.sign(raw, self.dkim)
         except Exception as exc:  # noqa: BLE001 - whatever dkimpy raises: never a send's fault

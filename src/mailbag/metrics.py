@@ -145,6 +145,11 @@ DOMAIN_SHAPED_RELEASES = Counter(
     "Claimed messages handed back unsent, with no attempt spent, to wait for their shaped "
     "recipient domain's send slot.",
 )
+DKIM_SIGNING_FAILED = Counter(
+    "mailbag_dkim_signing_failed_total",
+    "Emails sent unsigned because their From domain's DKIM key could not sign them (the "
+    "key is damaged: rotate it with `mailbag domains rotate`).",
+)
 PROVIDER_BREAKER_OPEN = Gauge(
     "mailbag_provider_breaker_open",
     "1 while a provider's breaker is open as this worker last read the fleet's state (its "
