@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mailbag import console, log, metrics, templates
+from mailbag import console, log, metrics
 from mailbag.api import (
     admin,
     batch,
@@ -23,6 +23,7 @@ from mailbag.api import (
     hooks,
     messages,
     scrape,
+    templates,
     unsubscribe,
     verifications,
     webhooks,
@@ -38,6 +39,7 @@ from mailbag.api.problems import (
 from mailbag.clock import Clock, utcnow
 from mailbag.domain import storable
 from mailbag.services import hooks as hook_service
+from mailbag.services import intake
 from mailbag.services import messages as message_service
 from mailbag.services import verification as verification_service
 from mailbag.services.container import Services
@@ -97,7 +99,7 @@ def _services_while_serving(
             verifications=verification_service.Verifications(engine, settings),
             operations=Operations(engine, default_attempts=settings.max_attempts),
             hooks=hook_service.Hooks(engine, settings),
-            catalog=templates.load(settings.templates_dir),
+            catalog=intake.load_catalog(settings.templates_dir),  # the one Rules read
         )
         try:
             yield
@@ -111,6 +113,7 @@ def _install_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(messages.router)
     app.include_router(batch.router)
     app.include_router(verifications.router)
+    app.include_router(templates.router)
     if settings.admin_password is not None:
         app.include_router(console.router(settings))
     app.include_router(webhooks.router)

@@ -25,16 +25,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from mailbag import log, metrics
 from mailbag.domain.hooks import InvalidHook
 from mailbag.domain.message import InvalidMessage, MessageTooLarge
+from mailbag.domain.templates import InvalidTemplate, TemplateTooLarge
 from mailbag.services import erasure as erasure_service
 from mailbag.services import hooks as hook_service
 from mailbag.services import idempotency, maintenance
 from mailbag.services import messages as message_service
 from mailbag.services import pauses as pause_service
 from mailbag.services import sender_domains as domain_service
+from mailbag.services import templates as template_service
 from mailbag.services import tenant_accounts as account_service
 from mailbag.services import tenants as tenant_service
 from mailbag.services import verification as verification_service
 from mailbag.services.operations import NotAllowed
+from mailbag.templates import TemplateError
 
 PROBLEM_BASE = "https://mailbag.dev/problems/"
 DATABASE_DOWN = (OperationalError, PoolTimeout, ConnectionError, OSError, TimeoutError)
@@ -216,6 +219,20 @@ def _finished(exc: verification_service.AlreadyFinished) -> ProblemError:
     )
 
 
+def _template_problems(exc: TemplateError) -> ProblemError:
+    """A template that does not compile or render (with its sample data, or a message's
+    data): each problem's part, line and message."""
+    found = getattr(exc, "problems", None)
+    problems = (
+        [{"part": p.part, "line": p.line, "message": p.message} for p in found]
+        if found
+        else [{"part": None, "line": None, "message": str(exc)}]
+    )
+    return ProblemError(
+        422, "template-problems", "Template does not render", str(exc), problems=problems
+    )
+
+
 def _http_error(exc: StarletteHTTPException) -> ProblemError:
     slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
     return ProblemError(exc.status_code, slug, str(exc.detail), headers=dict(exc.headers or {}))
@@ -309,6 +326,15 @@ PROBLEMS: dict[type[Exception], Callable[[Any], ProblemError]] = {
     erasure_service.InvalidAddress: ProblemType(422, "invalid-address", "Invalid address"),
     erasure_service.NoErasureKey: ProblemType(409, "no-secret-key", "No key to hash addresses"),
     maintenance.InvalidRetention: ProblemType(422, "invalid-retention", "Invalid retention"),
+    # Tenants' templates (api/templates.py)
+    InvalidTemplate: ProblemType(
+        422, "invalid-template", "Invalid template", fields=lambda exc: {"errors": exc.errors}
+    ),
+    TemplateTooLarge: ProblemType(
+        413, "template-too-large", "Template too large", fields=lambda exc: {"errors": exc.errors}
+    ),
+    TemplateError: _template_problems,
+    template_service.UnknownTemplate: ProblemType(404, "not-found", "Not found"),
     StarletteHTTPException: _http_error,
     **dict.fromkeys(DATABASE_DOWN, _database_down),
     DBAPIError: _driver_error,
