@@ -20,6 +20,7 @@ from mailbag.cli import (
     pauses,
     providers,
     run,
+    templates,
     tenants,
 )
 from mailbag.cli.help import Command, group
@@ -58,3 +59,4 @@ app.add_typer(outbox.suppressions, name="suppressions")
 app.add_typer(tenants.tenants, name="tenants")
 app.add_typer(hooks.hooks, name="hooks")
 app.add_typer(domains.domains, name="domains")
+app.add_typer(templates.templates, name="templates")
