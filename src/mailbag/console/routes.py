@@ -11,7 +11,17 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from mailbag.console import actions, attachments, auth, domains, hooks, pauses, render, views
+from mailbag.console import (
+    actions,
+    attachments,
+    auth,
+    domains,
+    hooks,
+    pauses,
+    render,
+    views,
+)
+from mailbag.console import templates_editor as templates
 from mailbag.console import tenants as tenant_pages
 from mailbag.console.context import Console, ConsoleError, Handler
 from mailbag.console.forms import BadForm, read_form
@@ -31,6 +41,12 @@ PAGES: list[tuple[str, Handler]] = [
     ("/suppressions", views.suppressions),
     ("/tenants", tenant_pages.tenants_page),
     ("/tenants/{tenant_id}", tenant_pages.tenant_page),
+    ("/templates", templates.templates_tenants),
+    ("/tenants/{tenant_id}/templates", templates.templates_index),
+    ("/tenants/{tenant_id}/templates/new", templates.template_new),
+    ("/tenants/{tenant_id}/templates/{name}/{locale}", templates.template_page),
+    ("/tenants/{tenant_id}/templates/{name}/{locale}/diff", templates.template_diff),
+    ("/static/template-editor.js", templates.template_script),
     ("/hooks", hooks.page),
     ("/hooks/deliveries/{delivery_id}", hooks.delivery),
     ("/pauses", pauses.paused),
@@ -45,6 +61,10 @@ ACTIONS: list[tuple[str, Handler]] = [
     ("/suppressions/remove", actions.unsuppress),
     ("/tenants/{tenant_id}/account", tenant_pages.set_account),
     ("/tenants/{tenant_id}/account/remove", tenant_pages.remove_account),
+    ("/tenants/{tenant_id}/templates/{name}/{locale}/preview", templates.template_preview),
+    ("/tenants/{tenant_id}/templates/{name}/{locale}/live", templates.template_live),
+    ("/tenants/{tenant_id}/templates/{name}/{locale}/publish", templates.template_publish),
+    ("/tenants/{tenant_id}/templates/{name}/{locale}/rollback", templates.template_rollback),
     ("/hooks/deliveries/{delivery_id}/replay", hooks.replay),
     ("/pauses/pause", pauses.pause),
     ("/pauses/resume", pauses.resume),
