@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from mailbag.clock import utcnow
 from mailbag.domain.delivery import Decision
 from mailbag.domain.message import new_message
 from mailbag.domain.states import Action
+from mailbag.domain.templates import Pin
 from mailbag.store import dispatch, migrate
 from mailbag.store import enqueue as enqueue_store
 from mailbag.store import messages as message_store
@@ -84,15 +85,19 @@ def scratch_database(kind: str, folder: Path) -> Iterator[Database]:
         admin.dispose()
 
 
-def seed(db: Database, n: int, *, chunk: int = 2000) -> list[uuid.UUID]:
-    """N pending messages, enqueued through the real store in large transactions."""
+def seed(db: Database, n: int, *, chunk: int = 2000, pin: Pin | None = None) -> list[uuid.UUID]:
+    """N pending messages, enqueued through the real store in large transactions; `pin`:
+    the tenant's template version of `welcome` they render with (None: the file one)."""
     ids: list[uuid.UUID] = []
     now = utcnow()
     with db.engine.begin() as conn:
         for start in range(0, n, chunk):
             batch = [
-                new_message(
-                    to=f"user{i}@example.com", template="welcome", data={"name": f"User {i}"}
+                replace(
+                    new_message(
+                        to=f"user{i}@example.com", template="welcome", data={"name": f"User {i}"}
+                    ),
+                    pin=pin,
                 )
                 for i in range(start, min(n, start + chunk))
             ]

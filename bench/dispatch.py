@@ -32,6 +32,7 @@ from bench.common import (
 )
 from bench.peers.common import cpu_seconds
 from mailbag.domain.states import Action
+from mailbag.domain.templates import Pin
 from mailbag.store.database import make_async_engine
 
 WORKER_SETTINGS = {"batch_size": 100, "concurrency": 256, "poll_interval": 0.05}
@@ -46,9 +47,11 @@ def drain(
     *,
     provider: str = "sink",
     sink_delay: float = 0.0,
+    pin: Pin | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
-    """Seed N messages, let W workers (already started) drain them; rate and duplicates."""
+    """Seed N messages, let W workers (already started) drain them; rate and duplicates.
+    `pin`: the tenant's template version they render with (common.seed)."""
     sink_dir = folder / f"sink-{time.monotonic_ns()}"
     sink_dir.mkdir()
     smtp = None
@@ -72,7 +75,7 @@ def drain(
         time.sleep(STARTUP_SECONDS)  # imports, migrations check, first idle poll
         # Before the seed: its idle polls count too, the claims right after its commit must.
         cpu_before = cpu_seconds([p.pid for p in processes])
-        seed(db, n)
+        seed(db, n, pin=pin)
         committed = time.time()
         wait_until(lambda: counts(db).get("sent", 0) == n, timeout=900, interval=0.1)
         # Sampled once every message is sent: includes the last finalizes, not the exit.

@@ -23,13 +23,14 @@ INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name
     subject, template_name, template_data, headers, tags, metadata, status, attempt_count,
     max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at,
     lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since, carried,
-    expires_at, priority, claim_order_at, attachment_count, bulk, template_version_id)
+    expires_at, priority, claim_order_at, attachment_count, bulk, template_version_id,
+    template_version, template_locale)
 VALUES (:id, :tenant_id, :idempotency_key, :to_address, :to_name, :from_address, :subject,
     :template_name, :template_data, :headers, :tags, :metadata, :status, :attempt_count,
     :max_attempts, :next_attempt_at, :created_at, :updated_at, :claim_token, :claimed_by,
     :claimed_at, :lease_expires_at, :provider, :provider_message_id, :last_error, :sent_at,
     :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count, :bulk,
-    :template_version_id)
+    :template_version_id, :template_version, :template_locale)
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING;  -- once per row (executemany)
 -- step 4 of 10
 SELECT outbox_messages.id
@@ -46,7 +47,8 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    outbox_messages.template_version, outbox_messages.template_locale
 FROM outbox_messages
 WHERE outbox_messages.tenant_id = :tenant_id
     AND outbox_messages.idempotency_key IN (:idempotency_key_1);
@@ -95,7 +97,7 @@ message AS
 (INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk, template_version_id)
+    claim_order_at, attachment_count, bulk, template_version_id, template_version, template_locale)
 SELECT :message_id AS id, :message_tenant_id AS tenant_id,
     :message_idempotency_key AS idempotency_key, :message_to_address AS to_address,
     :message_to_name AS to_name, :message_subject AS subject,
@@ -107,7 +109,8 @@ SELECT :message_id AS id, :message_tenant_id AS tenant_id,
     :message_last_error AS last_error, :message_carried AS carried,
     :message_expires_at AS expires_at, :message_priority AS priority,
     :message_claim_order_at AS claim_order_at, :message_attachment_count AS attachment_count,
-    :message_bulk AS bulk, :message_template_version_id AS template_version_id
+    :message_bulk AS bulk, :message_template_version_id AS template_version_id,
+    :message_template_version AS template_version, :message_template_locale AS template_locale
 WHERE EXISTS (SELECT 1
 FROM record) RETURNING 1),
 message_history AS
@@ -205,7 +208,7 @@ message AS
 (INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk, template_version_id)
+    claim_order_at, attachment_count, bulk, template_version_id, template_version, template_locale)
 SELECT :message_id AS id, :message_tenant_id AS tenant_id,
     :message_idempotency_key AS idempotency_key, :message_to_address AS to_address,
     :message_to_name AS to_name, :message_subject AS subject,
@@ -217,7 +220,8 @@ SELECT :message_id AS id, :message_tenant_id AS tenant_id,
     :message_last_error AS last_error, :message_carried AS carried,
     :message_expires_at AS expires_at, :message_priority AS priority,
     :message_claim_order_at AS claim_order_at, :message_attachment_count AS attachment_count,
-    :message_bulk AS bulk, :message_template_version_id AS template_version_id
+    :message_bulk AS bulk, :message_template_version_id AS template_version_id,
+    :message_template_version AS template_version, :message_template_locale AS template_locale
 WHERE EXISTS (SELECT 1
 FROM counted) RETURNING 1),
 message_history AS
@@ -320,7 +324,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
     outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
-    locked.previous_state),
+    outbox_messages.template_version, outbox_messages.template_locale, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -337,7 +341,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
     updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
-    updated.previous_state
+    updated.template_version, updated.template_locale, updated.previous_state
 FROM updated;
 -- step 2 of 2
 SELECT message_attachments.message_id, message_attachments.filename,
@@ -586,7 +590,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
     outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
-    locked.previous_state),
+    outbox_messages.template_version, outbox_messages.template_locale, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -604,7 +608,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
     updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
-    updated.previous_state
+    updated.template_version, updated.template_locale, updated.previous_state
 FROM updated;
 -- step 2 of 2
 SELECT hook_endpoints.id, hook_endpoints.tenant_id, hook_endpoints.events
@@ -655,7 +659,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
     outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
-    locked.previous_state),
+    outbox_messages.template_version, outbox_messages.template_locale, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -672,7 +676,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
     updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
-    updated.previous_state
+    updated.template_version, updated.template_locale, updated.previous_state
 FROM updated;
 -- step 2 of 2
 WITH locked AS
@@ -727,7 +731,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
     outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
-    locked.previous_state),
+    outbox_messages.template_version, outbox_messages.template_locale, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -744,7 +748,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
     updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
-    updated.previous_state
+    updated.template_version, updated.template_locale, updated.previous_state
 FROM updated;
 
 -- name: operator.resolve --
@@ -771,7 +775,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
     outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
-    locked.previous_state),
+    outbox_messages.template_version, outbox_messages.template_locale, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -788,7 +792,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
     updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
-    updated.previous_state
+    updated.template_version, updated.template_locale, updated.previous_state
 FROM updated;
 -- step 2 of 3
 WITH locked AS
@@ -850,7 +854,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
     outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
-    locked.previous_state),
+    outbox_messages.template_version, outbox_messages.template_locale, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -867,7 +871,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
     updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
-    updated.previous_state
+    updated.template_version, updated.template_locale, updated.previous_state
 FROM updated;
 
 -- name: operator.purge --
@@ -1030,7 +1034,8 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    outbox_messages.template_version, outbox_messages.template_locale
 FROM outbox_messages
 WHERE outbox_messages.id = :id AND outbox_messages.tenant_id = :tenant_id;
 -- step 2 of 2
@@ -1055,7 +1060,8 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    outbox_messages.template_version, outbox_messages.template_locale
 FROM outbox_messages
 WHERE outbox_messages.status = :status AND outbox_messages.tenant_id = :tenant_id
     AND lower(outbox_messages.to_address) = :address AND outbox_messages.id < :id
@@ -1168,7 +1174,8 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    outbox_messages.template_version, outbox_messages.template_locale
 FROM outbox_messages
 WHERE outbox_messages.id = :id;
 -- step 2 of 2
@@ -1182,7 +1189,8 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    outbox_messages.template_version, outbox_messages.template_locale
 FROM outbox_messages
 WHERE outbox_messages.provider_message_id = :provider_message_id
 LIMIT :limit;
@@ -1351,7 +1359,7 @@ RETURNING outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempot
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
     outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
-    locked.previous_state),
+    outbox_messages.template_version, outbox_messages.template_locale, locked.previous_state),
 logged AS
 (INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
     provider_message_id, attempt)
@@ -1368,7 +1376,7 @@ SELECT updated.id, updated.tenant_id, updated.idempotency_key, updated.to_addres
     updated.provider, updated.provider_message_id, updated.last_error, updated.sent_at,
     updated.ambiguous_since, updated.carried, updated.expires_at, updated.priority,
     updated.claim_order_at, updated.attachment_count, updated.bulk, updated.template_version_id,
-    updated.previous_state
+    updated.template_version, updated.template_locale, updated.previous_state
 FROM updated;
 -- step 3 of 15
 WITH locked AS

@@ -22,13 +22,14 @@ INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name
     subject, template_name, template_data, headers, tags, metadata, status, attempt_count,
     max_attempts, next_attempt_at, created_at, updated_at, claim_token, claimed_by, claimed_at,
     lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since, carried,
-    expires_at, priority, claim_order_at, attachment_count, bulk, template_version_id)
+    expires_at, priority, claim_order_at, attachment_count, bulk, template_version_id,
+    template_version, template_locale)
 VALUES (:id, :tenant_id, :idempotency_key, :to_address, :to_name, :from_address, :subject,
     :template_name, :template_data, :headers, :tags, :metadata, :status, :attempt_count,
     :max_attempts, :next_attempt_at, :created_at, :updated_at, :claim_token, :claimed_by,
     :claimed_at, :lease_expires_at, :provider, :provider_message_id, :last_error, :sent_at,
     :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count, :bulk,
-    :template_version_id)
+    :template_version_id, :template_version, :template_locale)
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING;  -- once per row (executemany)
 -- step 4 of 9
 SELECT outbox_messages.id
@@ -45,7 +46,8 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    outbox_messages.template_version, outbox_messages.template_locale
 FROM outbox_messages
 WHERE outbox_messages.tenant_id = :tenant_id
     AND outbox_messages.idempotency_key IN (:idempotency_key_1);
@@ -90,14 +92,14 @@ RETURNING 1;
 INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk, template_version_id)
+    claim_order_at, attachment_count, bulk, template_version_id, template_version, template_locale)
 VALUES (:message_id, :message_tenant_id, :message_idempotency_key, :message_to_address,
     :message_to_name, :message_subject, :message_template_name, :message_template_data,
     :message_headers, :message_tags, :message_metadata, :message_status, :message_attempt_count,
     :message_max_attempts, :message_next_attempt_at, :message_created_at, :message_updated_at,
     :message_last_error, :message_carried, :message_expires_at, :message_priority,
-    :message_claim_order_at, :message_attachment_count, :message_bulk,
-    :message_template_version_id);
+    :message_claim_order_at, :message_attachment_count, :message_bulk, :message_template_version_id,
+    :message_template_version, :message_template_locale);
 -- step 4 of 4
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -166,14 +168,14 @@ DO UPDATE SET n = (verification_send_counts.n + excluded.n);
 INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, subject,
     template_name, template_data, headers, tags, metadata, status, attempt_count, max_attempts,
     next_attempt_at, created_at, updated_at, last_error, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk, template_version_id)
+    claim_order_at, attachment_count, bulk, template_version_id, template_version, template_locale)
 VALUES (:message_id, :message_tenant_id, :message_idempotency_key, :message_to_address,
     :message_to_name, :message_subject, :message_template_name, :message_template_data,
     :message_headers, :message_tags, :message_metadata, :message_status, :message_attempt_count,
     :message_max_attempts, :message_next_attempt_at, :message_created_at, :message_updated_at,
     :message_last_error, :message_carried, :message_expires_at, :message_priority,
-    :message_claim_order_at, :message_attachment_count, :message_bulk,
-    :message_template_version_id);
+    :message_claim_order_at, :message_attachment_count, :message_bulk, :message_template_version_id,
+    :message_template_version, :message_template_locale);
 -- step 11 of 11
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -255,7 +257,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk, template_version_id;
+    claim_order_at, attachment_count, bulk, template_version_id, template_version, template_locale;
 -- step 4 of 5
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -421,7 +423,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk, template_version_id;
+    claim_order_at, attachment_count, bulk, template_version_id, template_version, template_locale;
 -- step 3 of 4
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -468,7 +470,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk, template_version_id;
+    claim_order_at, attachment_count, bulk, template_version_id, template_version, template_locale;
 -- step 3 of 6
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -508,7 +510,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk, template_version_id;
+    claim_order_at, attachment_count, bulk, template_version_id, template_version, template_locale;
 -- step 3 of 3
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -531,7 +533,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk, template_version_id;
+    claim_order_at, attachment_count, bulk, template_version_id, template_version, template_locale;
 -- step 3 of 7
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -581,7 +583,7 @@ WHERE message_events.message_id = outbox_messages.id AND message_events.from_sta
     metadata, status, attempt_count, max_attempts, next_attempt_at, created_at, updated_at,
     claim_token, claimed_by, claimed_at, lease_expires_at, provider, provider_message_id,
     last_error, sent_at, ambiguous_since, carried, expires_at, priority, claim_order_at,
-    attachment_count, bulk, template_version_id;
+    attachment_count, bulk, template_version_id, template_version, template_locale;
 -- step 3 of 3
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)
@@ -743,7 +745,8 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    outbox_messages.template_version, outbox_messages.template_locale
 FROM outbox_messages
 WHERE outbox_messages.id = :id AND outbox_messages.tenant_id = :tenant_id;
 -- step 2 of 2
@@ -768,7 +771,8 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    outbox_messages.template_version, outbox_messages.template_locale
 FROM outbox_messages
 WHERE outbox_messages.status = :status AND outbox_messages.tenant_id = :tenant_id
     AND lower(outbox_messages.to_address) = :address AND outbox_messages.id < :id
@@ -881,7 +885,8 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    outbox_messages.template_version, outbox_messages.template_locale
 FROM outbox_messages
 WHERE outbox_messages.id = :id;
 -- step 2 of 2
@@ -895,7 +900,8 @@ SELECT outbox_messages.id, outbox_messages.tenant_id, outbox_messages.idempotenc
     outbox_messages.provider, outbox_messages.provider_message_id, outbox_messages.last_error,
     outbox_messages.sent_at, outbox_messages.ambiguous_since, outbox_messages.carried,
     outbox_messages.expires_at, outbox_messages.priority, outbox_messages.claim_order_at,
-    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id
+    outbox_messages.attachment_count, outbox_messages.bulk, outbox_messages.template_version_id,
+    outbox_messages.template_version, outbox_messages.template_locale
 FROM outbox_messages
 WHERE outbox_messages.provider_message_id = :provider_message_id
 LIMIT :limit OFFSET :offset;
@@ -1053,7 +1059,7 @@ RETURNING id, tenant_id, idempotency_key, to_address, to_name, from_address, sub
     template_data, headers, tags, metadata, status, attempt_count, max_attempts, next_attempt_at,
     created_at, updated_at, claim_token, claimed_by, claimed_at, lease_expires_at, provider,
     provider_message_id, last_error, sent_at, ambiguous_since, carried, expires_at, priority,
-    claim_order_at, attachment_count, bulk, template_version_id;
+    claim_order_at, attachment_count, bulk, template_version_id, template_version, template_locale;
 -- step 4 of 19
 INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
     provider_message_id, detail)

@@ -873,7 +873,10 @@ class Message:
     claim_order_at: datetime | None = None
     attachment_count: int = 0
     bulk: bool = False  # NewMessage.bulk (migration 0019)
-    template_version_id: int | None = None  # domain.templates.Pin (migration 0021)
+    # domain.templates.Pin (migration 0021): the version's id, its number, its locale
+    template_version_id: int | None = None
+    template_version: int | None = None
+    template_locale: str | None = None
     # then what the `carried` JSON column holds (store.message_transitions unpacks it),
     from_name: str | None = None
     recipients: Recipients | None = None  # None: to_address alone (see `all_recipients`)
@@ -884,8 +887,6 @@ class Message:
     unsubscribe_mailto: str | None = None
     suppressed: tuple[str, ...] = ()  # recipients dropped at enqueue: on the suppression list
     locale: str | None = None  # the locale it asked for (BCP 47)
-    template_locale: str | None = None  # the locale of the version it renders with
-    template_version: int | None = None  # that version's number
     # and the attachments' references, read from message_attachments when asked for.
     attachments: tuple[AttachmentRef, ...] = ()
 

@@ -254,6 +254,8 @@ def _new_row(
         "attachment_count": len(m.attachments),
         "bulk": m.bulk,
         "template_version_id": m.pin.version_id if m.pin else None,
+        "template_version": m.pin.version if m.pin else None,
+        "template_locale": m.pin.locale if m.pin else None,
     }
 
 
@@ -296,4 +298,6 @@ FIRST_USE_COLUMNS = (
     "attachment_count",
     "bulk",
     "template_version_id",
+    "template_version",
+    "template_locale",
 )

@@ -109,8 +109,6 @@ CARRIED_FIELDS = (
     "unsubscribe_mailto",
     "suppressed",
     "locale",
-    "template_locale",
-    "template_version",
 )
 
 
@@ -128,8 +126,6 @@ def carried_json(
         "unsubscribe_mailto": m.unsubscribe_mailto,
         "suppressed": list(suppressed),
         "locale": m.locale,
-        "template_locale": m.pin.locale if m.pin else None,
-        "template_version": m.pin.version if m.pin else None,
     }
     kept = {key: value for key, value in carried.items() if value}
     return kept or None

@@ -1,6 +1,6 @@
 """Templates operators own (domain/templates.py): `templates`, their `template_locales` and
 every `template_versions` row ever published; the version a message renders with
-(`outbox_messages.template_version_id`) and the locale a verification's emails ask for
+(`outbox_messages.template_version_id`, with its number and locale) and the locale a verification's emails ask for
 (`email_verifications.locale`). Existing messages keep rendering with the file templates.
 
 Revision ID: 0021_templates
@@ -87,12 +87,16 @@ def upgrade() -> None:
         unique=True,
     )
     op.add_column("outbox_messages", sa.Column("template_version_id", sa.BigInteger()))
+    op.add_column("outbox_messages", sa.Column("template_version", sa.Integer()))
+    op.add_column("outbox_messages", sa.Column("template_locale", sa.String(LOCALE_MAX)))
     op.add_column("email_verifications", sa.Column("locale", sa.String(LOCALE_MAX)))
 
 
 def downgrade() -> None:
     # ALTER TABLE DROP COLUMN, not a batch (0019 says why).
     op.drop_column("email_verifications", "locale")
+    op.drop_column("outbox_messages", "template_locale")
+    op.drop_column("outbox_messages", "template_version")
     op.drop_column("outbox_messages", "template_version_id")
     op.drop_table("template_versions")
     op.drop_table("template_locales")
