@@ -149,7 +149,7 @@ class OutgoingEmail:
             return raw
         try:
             return dkim.sign(raw, self.dkim)
-        except Exception as exc:  # noqa: BLE001 - whatever dkimpy raises: never a send's fault
+        except Exception as exc:  # whatever dkimpy raises: never a send's fault
             from mailbag import log, metrics
 
             log.get("mailbag.compose").error(

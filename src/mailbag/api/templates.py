@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 from mailbag.api.deps import ServicesDep, TenantDep
 from mailbag.api.problems import COMMON, documented
 from mailbag.api.schemas import Strict
-from mailbag.domain.templates import FORMATS, LOCALE_MAX, TEMPLATE_NAME_MAX, Template, Version
+from mailbag.domain.templates import FORMATS, LOCALE_MAX, TEMPLATE_NAME_MAX
 
 router = APIRouter(prefix="/v1/templates", tags=["templates"])
 
@@ -103,39 +103,6 @@ class VersionList(BaseModel):
     versions: list[VersionSummary]
 
 
-def version_out(v: Version, current: int | None = None) -> dict[str, Any]:
-    return {
-        "name": v.name,
-        "locale": v.locale,
-        "version": v.version,
-        "current": None if current is None else v.version == current,
-        "format": v.format,
-        "subject": v.subject,
-        "html": v.html,
-        "text": v.text,
-        "sample_data": dict(v.sample_data),
-        "dependencies": dict(v.dependencies),
-        "changed_by": v.changed_by,
-        "created_at": v.created_at,
-    }
-
-
-def template_out(t: Template) -> dict[str, Any]:
-    return {
-        "name": t.name,
-        "default_locale": t.default_locale,
-        "locales": [
-            {
-                "locale": held.locale,
-                "current_version": held.current,
-                "latest_version": held.latest,
-                "updated_at": held.updated_at,
-            }
-            for held in t.locales
-        ],
-    }
-
-
 def actor(tenant_id: str) -> str:
     return f"api:{tenant_id}"
 
@@ -168,13 +135,13 @@ async def publish(
     )
     if not published.created:
         response.status_code = 200
-    return version_out(published.version, published.version.version)
+    return published.version.as_json(published.version.version)
 
 
 @router.get("", response_model=TemplateList, responses=documented(*COMMON))
 async def listing(svc: ServicesDep, tenant: TenantDep) -> Any:
     """The tenant's templates, each with its locales and their current versions."""
-    return {"templates": [template_out(t) for t in await svc.templates.listing(tenant=tenant.id)]}
+    return {"templates": [t.as_json() for t in await svc.templates.listing(tenant=tenant.id)]}
 
 
 @router.get("/{name}/{locale}", response_model=VersionList, responses=documented(*COMMON, 404))
@@ -206,7 +173,7 @@ async def version(
     """One version, as it was published (versions never change)."""
     found = await svc.templates.version(tenant=tenant.id, name=name, locale=locale, version=version)
     current = await svc.templates.current_number(tenant=tenant.id, name=name, locale=locale)
-    return version_out(found, current)
+    return found.as_json(current)
 
 
 @router.post(
@@ -219,4 +186,4 @@ async def rollback(
     found = await svc.templates.rollback(
         tenant=tenant.id, name=name, locale=locale, version=body.version, now=svc.clock()
     )
-    return version_out(found, found.version)
+    return found.as_json(found.version)

@@ -35,7 +35,7 @@ from mailbag.cli.invocation import fail, on_async_engine
 from mailbag.domain.templates import BODY_SOURCE_MAX
 
 if TYPE_CHECKING:
-    from mailbag.domain.templates import Template, Version
+    from mailbag.domain.templates import Version
     from mailbag.services.templates import Published, Templates
     from mailbag.templates.sandbox import Parts, Problem
 
@@ -290,28 +290,12 @@ def list_(tenant: TENANT = "default", as_json: AS_JSON = False) -> None:
     locale is the default (the one a message falls back to)."""
     found = _service(lambda svc: svc.listing(tenant=tenant))
     if as_json:
-        typer.echo(json.dumps([_template_json(t) for t in found], indent=2))
+        typer.echo(json.dumps([t.as_json() for t in found], indent=2))
         return
     for template in found:
         for held in template.locales:
             line = f"{template.name}\t{held.locale}\tcurrent {held.current}\tlatest {held.latest}"
             typer.echo(f"{line}\tdefault" if held.locale == template.default_locale else line)
-
-
-def _template_json(t: Template) -> dict[str, Any]:
-    return {
-        "name": t.name,
-        "default_locale": t.default_locale,
-        "locales": [
-            {
-                "locale": held.locale,
-                "current_version": held.current,
-                "latest_version": held.latest,
-                "updated_at": _at(held.updated_at),
-            }
-            for held in t.locales
-        ],
-    }
 
 
 @templates.command("show", cls=Command)
@@ -371,22 +355,7 @@ async def _version_named(svc: Templates, tenant: str, name: str, version_id: int
 
 
 def _version_json(v: Version, current: int, latest: int) -> dict[str, Any]:
-    return {
-        "name": v.name,
-        "locale": v.locale,
-        "version": v.version,
-        "current": v.version == current,
-        "current_version": current,
-        "latest_version": latest,
-        "format": v.format,
-        "subject": v.subject,
-        "html": v.html,
-        "text": v.text,
-        "sample_data": dict(v.sample_data),
-        "dependencies": dict(v.dependencies),
-        "changed_by": v.changed_by,
-        "created_at": _at(v.created_at),
-    }
+    return {**v.as_json(current), "current_version": current, "latest_version": latest}
 
 
 def _said(published: Published) -> str:

@@ -218,6 +218,24 @@ class Version:
     changed_by: str
     created_at: datetime
 
+    def as_json(self, current: int | None = None) -> dict[str, Any]:
+        """What the API and `mailbag templates show --json` say of it; `current`: the
+        number of its locale's current version, if known."""
+        return {
+            "name": self.name,
+            "locale": self.locale,
+            "version": self.version,
+            "current": None if current is None else self.version == current,
+            "format": self.format,
+            "subject": self.subject,
+            "html": self.html,
+            "text": self.text,
+            "sample_data": dict(self.sample_data),
+            "dependencies": dict(self.dependencies),
+            "changed_by": self.changed_by,
+            "created_at": self.created_at.isoformat(),
+        }
+
 
 @dataclass(frozen=True)
 class Locale:
@@ -235,6 +253,21 @@ class Template:
     name: str
     default_locale: str
     locales: Sequence[Locale]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "default_locale": self.default_locale,
+            "locales": [
+                {
+                    "locale": held.locale,
+                    "current_version": held.current,
+                    "latest_version": held.latest,
+                    "updated_at": held.updated_at.isoformat(),
+                }
+                for held in self.locales
+            ],
+        }
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase, Conflict, Session
 from mailbag.templates import Rendered, TemplateError, builtin
 from mailbag.templates.book import Book, parts_of
-from mailbag.templates.sandbox import Parts, Problem, Sandbox, TemplateProblems, referenced
+from mailbag.templates.sandbox import Parts, Problem, TemplateProblems, referenced
 
 if TYPE_CHECKING:  # engines are handed in, never made here
     from sqlalchemy import Connection

@@ -72,6 +72,17 @@ from mailbag.domain.message import unsafe_text
 from mailbag.templates import Rendered, TemplateError
 from mailbag.templates.problems import Problem, RenderBudgetExceeded, TemplateProblems
 
+__all__ = [
+    "Budget",
+    "Compiled",
+    "Parts",
+    "Problem",
+    "RenderBudgetExceeded",
+    "Sandbox",
+    "TemplateProblems",
+    "referenced",
+]
+
 KINDS = ("subject", "html", "text")
 MAX_ITEMS = 100_000  # items in one list, tuple or dict the template builds (as MAX_RANGE)
 MAX_INT_BITS = 65_536  # Python prints at most 4,300 digits anyway (~14,300 bits)

@@ -1,7 +1,8 @@
 """Templates operators own (domain/templates.py): `templates`, their `template_locales` and
 every `template_versions` row ever published; the version a message renders with
-(`outbox_messages.template_version_id`, with its number and locale) and the locale a verification's emails ask for
-(`email_verifications.locale`). Existing messages keep rendering with the file templates.
+(`outbox_messages.template_version_id`, with its number and locale) and the locale a
+verification's emails ask for (`email_verifications.locale`). Existing messages keep
+rendering with the file templates.
 
 Revision ID: 0021_templates
 Revises: 0020_domain_shaping
