@@ -392,3 +392,15 @@ async def test_the_message_page_names_its_template_version_and_locale(db):
         shown = await client.get(f"/admin/messages/{filed.id}")
         assert "the deployment's file template" in shown.text
         assert 'id="template-version"' not in shown.text
+
+
+async def test_a_form_over_the_body_limit_is_a_page_that_says_so_and_publishes_nothing(db):
+    tenant, _ = new_tenant(db, "acme")
+    async with console(db) as client:
+        # URL-encoded, each `<` is 3 bytes: 100,000 of them are over the default 256 KiB.
+        refused = await publish(client, url(tenant), html="<" * 100_000)
+    assert refused.status_code == 413
+    assert refused.headers["content-type"].startswith("text/html")
+    assert "Request body too large" in refused.text and "Nothing was changed" in refused.text
+    assert refused.headers["content-security-policy"].startswith("default-src 'none'")
+    assert version_count(db) == 0

@@ -30,11 +30,13 @@ from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mailbag import web
 from mailbag.api import deps
 from mailbag.api.problems import ProblemError
+from mailbag.console.render import refused as console_refusal
 from mailbag.settings import Settings
 from mailbag.store.database import within
 
@@ -86,6 +88,11 @@ class Pace:
         return min(self.timeout_seconds, deadline - now)
 
 
+def _console(scope: Scope) -> bool:
+    path: str = scope["path"]
+    return path == "/admin" or path.startswith("/admin/")
+
+
 class Refused(Exception):
     """A request answered before its body was read whole."""
 
@@ -135,7 +142,11 @@ class BodyLimit:
             except Refused as refused:
                 problem = refused.problem
                 problem.headers = {**problem.headers, "Connection": "close"}
-                await problem.response()(scope, receive, send)
+                answer: Response = problem.response()
+                if _console(scope):  # an operator's form: a page, not JSON
+                    answer = console_refusal(problem.status, problem.title, problem.detail or "")
+                    answer.headers.update(problem.headers)
+                await answer(scope, receive, send)
                 return
             except ClientGone:
                 return

@@ -112,6 +112,12 @@ _env.filters.update(
 )
 
 
+def refused(status: int, title: str, detail: str) -> HTMLResponse:
+    """A console request refused before the console saw it (a form over MAX_BODY_BYTES):
+    a page of its own, needing no session, instead of the API's problem+json."""
+    return html("refused.html", status=status, title=title, detail=detail)
+
+
 def html(template: str, *, status: int = 200, **context: Any) -> HTMLResponse:
     body = _env.get_template(template).render(**context)
     return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)

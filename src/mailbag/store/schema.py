@@ -162,9 +162,8 @@ def _outbox_messages(md: MetaData, dialect: str | None) -> Table:
         Column("attachment_count", SmallInteger, nullable=False, server_default="0"),
         # Bulk mail, not transactional (NewMessage.bulk): its own lane in the claim.
         Column("bulk", Boolean, nullable=False, server_default="0"),
-        # The template version it renders with (template_versions.id, migration 0021),
-        # decided at enqueue, its number and its locale; NULL: ready-made, or a file
-        # template of the deployment. Columns, not `carried`: every claim reads them.
+        # Its template version (migration 0021; NULL: ready-made, or a file template):
+        # columns, not `carried`, as every claim reads them.
         Column("template_version_id", BigInteger),
         Column("template_version", Integer),
         Column("template_locale", String(template_rules.LOCALE_MAX)),
