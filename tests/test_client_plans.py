@@ -302,6 +302,7 @@ def test_send_writes_every_field_the_api_accepts_and_only_what_was_given():
         "from_name": "Acme",
         "template": None,
         "data": {"n": 1},
+        "locale": "fr-CA",
         "subject": "Hi",
         "html": "<p>Hi</p>",
         "text": "Hi",

@@ -8,6 +8,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,6 +23,7 @@ from mailbag.domain.delivery import Accepted, Ambiguous, Deferred, Disabled, Rej
 from mailbag.domain.message import new_message
 from mailbag.domain.policy import RetryPolicy
 from mailbag.domain.states import Status
+from mailbag.domain.templates import FILE_TEMPLATE
 from mailbag.services import intake
 from mailbag.services import outbox as outbox_service
 from mailbag.settings import Settings
@@ -184,7 +186,12 @@ async def test_a_spent_budget_ends_in_the_dead_letter(db, async_engine):
 
 async def test_permanent_rejections_and_template_errors_fail_at_once(db, async_engine):
     (rejected,) = enqueue(db, 1)
-    (broken,) = enqueue(db, 1, data={})  # welcome needs `name`
+    # Written as if rendered with the file template it was pinned to, which then changed (a
+    # deploy): at send time welcome needs a `name` it does not have.
+    with db.engine.begin() as conn:
+        message = new_message(to="user1@example.com", template="welcome", data={})
+        (written,) = outbox_service.write_many(conn, [replace(message, pin=FILE_TEMPLATE)])
+    broken = written.message.id
     provider = MemoryProvider(lambda email, nth: Rejected("550 5.1.1 no such user"))
     await run_worker_until(
         make_worker(db, async_engine, provider), all_in(db, Status.FAILED, total=2)

@@ -30,6 +30,7 @@ from mailbag.domain.states import Action, Status
 from mailbag.store.dispatch import Finalized
 from mailbag.store.message_transitions import Changed, Settled
 from mailbag.templates import builtin
+from mailbag.templates.book import book_of
 from mailbag.worker import WorkerConfig, WorkerFailed
 from mailbag.worker.attempt import Sender, chunks
 from mailbag.worker.fleet import Fleet
@@ -185,7 +186,7 @@ class Recorder:
 def sender(provider: MemoryProvider, log: Any = None) -> Sender:
     return Sender(
         Fleet.single(provider),
-        builtin(),
+        book_of(builtin()),
         WorkerConfig(worker_id="w"),
         lambda: NOW,
         random.Random(1),

@@ -88,6 +88,9 @@ class Message(_Answer):
     from_address: str | None = Field(None, alias="from")
     from_name: str | None = None
     template: str | None = None
+    template_version: int | None = None  # the tenant's version it renders with (None: a file's)
+    template_locale: str | None = None  # that version's locale
+    locale: str | None = None  # the locale it asked for
     ready_made: bool = False
     has_html: bool = False
     has_text: bool = False
@@ -136,6 +139,7 @@ class Verification(_Answer):
     verified_at: datetime | None = None
     send_count: int
     message_id: str | None = None
+    locale: str | None = None
     replayed: bool = False
 
 

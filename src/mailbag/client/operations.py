@@ -77,6 +77,7 @@ def draft(
     from_name: str | None = None,
     template: str | None = None,
     data: Mapping[str, Any] | None = None,
+    locale: str | None = None,
     subject: str | None = None,
     html: str | None = None,
     text: str | None = None,
@@ -95,7 +96,8 @@ def draft(
 ) -> Draft:
     """An email: a `template` with its `data`, or ready-made content (`subject` with
     `html` and/or `text`). `to`, `cc`, `bcc` and `reply_to` take an address, an Address
-    (with a name), or a list of them; datetimes need a zone. `bulk`: bulk mail (a
+    (with a name), or a list of them; datetimes need a zone. `locale` (BCP 47) picks the
+    template's locale, falling back as `fr-CA`, `fr`, its default. `bulk`: bulk mail (a
     newsletter: after transactional mail, with List-Unsubscribe); unset, the server's
     default (no for one message, yes for a batch's)."""
     given: dict[str, Any] = {
@@ -108,6 +110,7 @@ def draft(
         "from_name": from_name,
         "template": template,
         "data": None if data is None else dict(data),
+        "locale": locale,
         "subject": subject,
         "html": html,
         "text": text,
@@ -236,13 +239,20 @@ class VerificationPlans:
         template: str | None = None,
         redirect_url: str | None = None,
         data: Mapping[str, Any] | None = None,
+        locale: str | None = None,
         idempotency_key: str | None = None,
     ) -> Plan[Verification]:
-        """Send a verification email to `email` (template default: verify-email); its
+        """Send a verification email to `email` (template default: verify-email, in
+        `locale` as messages' fall back); its
         link points at `redirect_url` with the token and id appended. Idempotent as
         `send`. ActiveVerificationExists names a verification already under way for
         the address: `resend` that one."""
-        given = {"email": email, "template": template, "redirect_url": redirect_url}
+        given = {
+            "email": email,
+            "template": template,
+            "redirect_url": redirect_url,
+            "locale": locale,
+        }
         body: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         if data is not None:
             body["data"] = dict(data)
