@@ -9,9 +9,11 @@ then a missing URL is an error, so CI can never pass by skipping.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import gc
 import os
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -134,6 +136,27 @@ def apps_die_with_their_test() -> Iterator[None]:
     for cached in vars(fastapi.dependencies.models).values():
         if isinstance(cached, functools._lru_cache_wrapper):
             cached.cache_clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """The suite runs in two processes (pyproject.toml's addopts); a test marked
+    `stops_database` stops a server the other process's tests are using. Every test holds
+    a shared lock on one file of the run for its whole protocol (the session's fixtures
+    are set up and torn down within it too), a stopping one the exclusive lock: it waits
+    for the other process's test in flight, and that process waits for it."""
+    run = getattr(item.config, "workerinput", {}).get("testrunuid")
+    if run is None:  # one process: nothing runs beside it
+        yield
+        return
+    path = Path(tempfile.gettempdir()) / f"mailbag-tests-{run}.lock"
+    stops = item.get_closest_marker("stops_database") is not None
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if stops else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

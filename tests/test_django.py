@@ -70,12 +70,20 @@ def django_env(
     }
     if os.environ.get(SERVER_URLS["postgresql"]):
         env["MAILBAG_TEST_DJANGO_POSTGRES"] = request.getfixturevalue("_django_postgres_url")
+    before = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     import django
     from django.core.management import call_command
     from django.db import connections
 
     django.setup()
+    # Read once, by setup: left in the environment, they would reach every process the
+    # tests after these start (a Celery worker then sets up this Django project).
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = value
     for alias in connections:
         call_command("migrate", database=alias, verbosity=0)
         done = manage(env, "mailbag_migrate", "--database", alias)

@@ -286,6 +286,7 @@ def enqueue_into(engine: Any, n: int) -> None:
         )
 
 
+@pytest.mark.stops_database
 @pytest.mark.parametrize("route", ["direct", "pgbouncer"])
 @pytest.mark.parametrize("db", ["postgresql"], indirect=True)
 def test_the_worker_rides_out_a_database_restart(db, route, request, tmp_path):
