@@ -30,6 +30,7 @@ from mailbag.settings import Settings
 from mailbag.store import dispatch as store
 from mailbag.store.database import DatabaseTimeout
 from mailbag.store.plan import run_async
+from mailbag.store.schema import outbox_messages
 from mailbag.templates import builtin
 from mailbag.worker import PeriodicJob, Worker, WorkerConfig, WorkerFailed
 from mailbag.worker.database import Claimed
@@ -654,3 +655,41 @@ async def test_an_expired_message_lapses_and_a_live_one_in_the_same_claim_is_sen
     assert (row.status, row.attempt_count) == (Status.EXPIRED, 0)
     assert row.last_error == f"expired before it could be sent (expires_at {past.isoformat()})"
     assert worker.report.stats["lapse"] == 1
+
+
+# --- MAX_BYTES_IN_FLIGHT ------------------------------------------------------------------
+
+MIB = 1024 * 1024
+
+
+async def test_the_attachment_bytes_one_worker_holds_stay_under_max_bytes_in_flight(
+    db, async_engine
+):
+    # Twelve 1 MiB attachments claimed in one batch of up to 100, under a bound of 3 MiB:
+    # never more than three messages' bytes held, every message sent, no attempt spent.
+    for i in range(12):
+        pdf = Attachment(f"report-{i}.pdf", "application/pdf", bytes([i]) * MIB)
+        enqueue(db, 1, attachments=[pdf], max_attempts=3)
+    provider = MemoryProvider(delay=0.1)
+    worker = make_worker(db, async_engine, provider, concurrency=16, max_bytes_in_flight=3 * MIB)
+    await run_worker_until(worker, all_in(db, Status.SENT, total=12), timeout=60)
+    assert provider.max_in_flight == 3  # each send holds its 1 MiB; three at once fit
+    assert worker.report.stats["handed_back_for_bytes"] > 0  # the claims took more
+    with db.engine.connect() as conn:
+        attempts = conn.execute(outbox_messages.select()).all()
+    assert {row.attempt_count for row in attempts} == {1}  # handed back: no attempt spent
+    assert worker.ledger.bytes_held == 0
+
+
+async def test_a_message_larger_than_the_bound_goes_alone_never_stuck(db, async_engine):
+    big = Attachment("big.bin.pdf", "application/pdf", b"x" * (2 * MIB))
+    enqueue(db, 3, attachments=[big])
+    provider = MemoryProvider(delay=0.05)
+    worker = make_worker(db, async_engine, provider, concurrency=8, max_bytes_in_flight=MIB)
+    await run_worker_until(worker, all_in(db, Status.SENT, total=3), timeout=60)
+    assert provider.max_in_flight == 1
+
+
+def test_max_bytes_in_flight_below_one_message_is_refused_at_start():
+    with pytest.raises(ValueError, match="max_bytes_in_flight: must be at least"):
+        Settings(max_bytes_in_flight=MIB, max_message_bytes=2 * MIB)

@@ -290,6 +290,8 @@ class Settings(BaseSettings):
     max_recipients: int = Field(50, ge=1, le=1000)  # to, cc and bcc together
     max_attachment_bytes: int = Field(10 * MIB, ge=1)
     max_message_bytes: int = Field(10 * MIB, ge=1)  # attachments and bodies, before encoding
+    # The attachment bytes one worker holds at once (its claims keep what fits).
+    max_bytes_in_flight: int = Field(256 * MIB, ge=1)
     verification_ttl_minutes: float = Field(24 * 60.0, gt=0)
     verification_sends_per_email_per_hour: int = Field(5, ge=1)
     verification_sends_per_tenant_per_hour: int = Field(1000, ge=1)
@@ -432,6 +434,11 @@ class Settings(BaseSettings):
         if self.routes and not self.providers:
             raise ValueError("routes: name [providers.NAME] tables (none are configured)")
         self.routing  # noqa: B018 (InvalidRouting names the route and key)
+        if self.max_bytes_in_flight < self.max_message_bytes:
+            raise ValueError(
+                "max_bytes_in_flight: must be at least max_message_bytes"
+                f" ({self.max_message_bytes}): a worker must be able to hold one message"
+            )
         if self.domain_shaping_floor_per_minute > self.domain_shaping_ceiling_per_minute:
             raise ValueError(
                 "domain_shaping_floor_per_minute: must not be above"

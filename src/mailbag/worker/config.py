@@ -43,6 +43,8 @@ class WorkerConfig:
     unsubscribe: UnsubscribeLinks | None = None
     # DOMAIN_SHAPING's numbers (None: off): deferring recipient domains are slowed down.
     domain_shaping: Shaping | None = None
+    # MAX_BYTES_IN_FLIGHT: the attachment bytes this worker holds at once (None: no bound).
+    max_bytes_in_flight: int | None = 256 * 1024 * 1024
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> WorkerConfig:
@@ -64,6 +66,7 @@ class WorkerConfig:
             "tokens": settings.verification_tokens,
             "unsubscribe": settings.unsubscribe_links,
             "domain_shaping": settings.shaping,
+            "max_bytes_in_flight": settings.max_bytes_in_flight,
         }
         values.update(overrides)
         return cls(**values)

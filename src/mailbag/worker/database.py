@@ -22,7 +22,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -39,7 +39,7 @@ from mailbag.store.plan import Plan
 from mailbag.store.session import AsyncDatabase
 from mailbag.templates import builtin
 from mailbag.templates.book import Book, book_of
-from mailbag.worker.ledger import Decided
+from mailbag.worker.ledger import Decided, Room, carried_bytes
 
 __all__ = ["Claimed", "Finalized", "WorkerDatabase", "Written"]
 T = TypeVar("T")
@@ -52,6 +52,29 @@ class Claimed:
     token: uuid.UUID
     messages: list[Message]
     contents: Mapping[str, bytes]  # the claimed messages' attachment bytes, by SHA-256
+    # Claimed too, but their attachments were left unread: over the claim's room in bytes
+    # (MAX_BYTES_IN_FLIGHT). The worker hands them back unsent.
+    over: list[Message] = field(default_factory=list)
+
+
+def fitting(
+    messages: Sequence[Message], room: Room | None
+) -> tuple[list[Message], list[Message]]:
+    """The messages, in claim order, whose attachments fit in the room (None: all), and
+    those that do not. A worker holding nothing keeps its first message whatever its size
+    (Settings keep MAX_BYTES_IN_FLIGHT at least MAX_MESSAGE_BYTES; a WorkerConfig built by
+    hand might not): it is never handed back forever."""
+    if room is None:
+        return list(messages), []
+    kept: list[Message] = []
+    left = room.bytes
+    for i, message in enumerate(messages):
+        size = carried_bytes(message)
+        if size > left and (kept or not room.holding_nothing):
+            return kept, list(messages[i:])
+        left -= size
+        kept.append(message)
+    return kept, []
 
 
 class Gate(Protocol):
@@ -93,15 +116,19 @@ class WorkerDatabase:
         self.unconfirmed: list[uuid.UUID] = []  # tokens of claims that failed, maybe committed
 
     async def claim(
-        self, limit: int, gate: Gate = OPEN, before: Plan[None] | None = None
+        self,
+        limit: int,
+        gate: Gate = OPEN,
+        before: Plan[None] | None = None,
+        room: Room | None = None,
     ) -> Claimed:
         """Due messages under a new token, as `gate` lets (none while the fleet is paused,
         none of a paused tenant), after `before` in the same transaction (the fleet's
         exchange of its state, which the gate then reads); a claim that fails is kept as
-        unconfirmed."""
+        unconfirmed. `room`: the attachment bytes it may read (the rest is `over`)."""
         token = uuid.uuid4()
         try:
-            return await self._run(self._claim(token, limit, self.clock(), gate, before))
+            return await self._run(self._claim(token, limit, self.clock(), gate, before, room))
         except BaseException:
             self.unconfirmed.append(token)
             raise
@@ -118,7 +145,13 @@ class WorkerDatabase:
         return len(changed)
 
     def _claim(
-        self, token: uuid.UUID, limit: int, now: datetime, gate: Gate, before: Plan[None] | None
+        self,
+        token: uuid.UUID,
+        limit: int,
+        now: datetime,
+        gate: Gate,
+        before: Plan[None] | None,
+        room: Room | None,
     ) -> Plan[Claimed]:
         if before is not None:
             yield from before
@@ -134,11 +167,12 @@ class WorkerDatabase:
         )
         # Template versions not yet held: one more statement the first time each is seen.
         yield from self.book.load([m.template_version_id for m in claim.messages])
-        sha256s = {ref.sha256 for message in claim.messages for ref in message.attachments}
+        messages, over = fitting(claim.messages, room)
+        sha256s = {ref.sha256 for message in messages for ref in message.attachments}
         if not sha256s:  # the usual case: not one more statement
-            return Claimed(claim.token, claim.messages, {})
+            return Claimed(claim.token, messages, {}, over)
         contents = yield from attachments.contents(sha256s)
-        return Claimed(claim.token, claim.messages, contents)
+        return Claimed(claim.token, messages, contents, over)
 
     async def finalize(self, batch: Sequence[Decided]) -> Written:
         """Write a batch of decisions; each claim's items with what the store made of them."""

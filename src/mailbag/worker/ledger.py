@@ -11,6 +11,9 @@ A held message moves one way: claimed -> sending -> decided -> written (then for
 - When BACKLOG_FACTOR * CONCURRENCY decisions wait to be written the database has fallen
   behind: no slot is free until it catches up.
 - What was claimed and never sent (`unstarted`) is handed back at shutdown.
+- MAX_BYTES_IN_FLIGHT bounds the attachment bytes of the messages claimed or sending
+  (`bytes_held`): a claim keeps what fits (`room`) and hands the rest back unsent, and
+  after that claims nothing (`full`) until a held message is decided.
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ from mailbag.domain.delivery import Decision
 from mailbag.domain.message import Message
 
 BACKLOG_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class Room:
+    """The attachment bytes a claim may read, and whether the worker holds none now."""
+
+    bytes: int
+    holding_nothing: bool
 
 
 class Stage(enum.Enum):
@@ -50,11 +61,19 @@ class Decided:
     decision: Decision
 
 
+def carried_bytes(message: Message) -> int:
+    """The attachment bytes a claim of `message` reads into memory."""
+    return sum(ref.size for ref in message.attachments)
+
+
 class Ledger:
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, max_bytes: int | None = None) -> None:
         self.concurrency = concurrency
+        self.max_bytes = max_bytes  # MAX_BYTES_IN_FLIGHT (None: no bound)
         self.held: dict[uuid.UUID, Held] = {}
         self.unwritten = 0  # held messages in stage DECIDED
+        self.bytes_held = 0  # attachment bytes of the undecided held messages
+        self.bytes_refused = False  # a claim handed messages back for want of room
         self.slot_freed = asyncio.Event()
 
     @property
@@ -64,7 +83,13 @@ class Ledger:
 
     @property
     def full(self) -> bool:
-        return self.undecided >= self.concurrency
+        return self.undecided >= self.concurrency or self.bytes_refused
+
+    def room(self) -> Room | None:
+        """Attachment bytes the next claim may add (None: no bound)."""
+        if self.max_bytes is None:
+            return None
+        return Room(self.max_bytes - self.bytes_held, holding_nothing=self.undecided == 0)
 
     @property
     def backlogged(self) -> bool:
@@ -72,11 +97,14 @@ class Ledger:
 
     def free_slots(self) -> int:
         """How many messages the next claim may take."""
-        return 0 if self.backlogged else self.concurrency - self.undecided
+        if self.backlogged or self.bytes_refused:
+            return 0
+        return self.concurrency - self.undecided
 
     def claimed(self, token: uuid.UUID, messages: Iterable[Message]) -> None:
         for message in messages:
             self.held[message.id] = Held(token, message)
+            self.bytes_held += carried_bytes(message)
 
     def sending(self, messages: Iterable[Message]) -> None:
         for message in messages:
@@ -85,6 +113,9 @@ class Ledger:
     def decided(self, message: Message, decision: Decision) -> Decided:
         """Record the decision; the slot is free from now on. Returns what is to be written."""
         held = self.held[message.id]
+        if held.stage is not Stage.DECIDED:
+            self.bytes_held -= carried_bytes(message)
+            self.bytes_refused = False  # room was made: claims may try again
         held.stage = Stage.DECIDED
         self.unwritten += 1
         self.slot_freed.set()

@@ -120,7 +120,7 @@ class Worker:
             if config.domain_shaping is not None
             else None
         )
-        self.ledger = Ledger(config.concurrency)
+        self.ledger = Ledger(config.concurrency, config.max_bytes_in_flight)
         self.writer: OutcomeWriter[Decided, Written] = OutcomeWriter(
             self.database.finalize,
             self._written,
@@ -247,6 +247,8 @@ class Worker:
         if not claim.messages:
             return False
         self.report.stats["claimed"] += len(claim.messages)
+        if claim.over:
+            self._no_room(claim.token, claim.over)
         messages = claim.messages
         if self.shaping is not None:
             try:
@@ -277,6 +279,17 @@ class Worker:
                 decision = self.sender.wait(message, why, until)
                 self.writer.put(self.ledger.decided(message, decision))
         return going
+
+    def _no_room(self, token: uuid.UUID, messages: Sequence[Message]) -> None:
+        """Claimed, but their attachments would take this worker past MAX_BYTES_IN_FLIGHT:
+        back unsent (another worker may take them), and no claim until a held message is
+        decided."""
+        self.ledger.claimed(token, messages)
+        unsent = Decision(Action.RELEASE, error="waiting for room: MAX_BYTES_IN_FLIGHT")
+        for message in messages:
+            self.writer.put(self.ledger.decided(message, unsent))
+        self.ledger.bytes_refused = True
+        self.report.stats["handed_back_for_bytes"] += len(messages)
 
     def _hand_back(self, token: uuid.UUID, messages: Sequence[Message], exc: Exception) -> None:
         """Claimed, but no slot to send them in (the database failed): back unsent."""
@@ -418,7 +431,7 @@ class Worker:
         exchange = self.fleet.exchange(now=self.clock(), every=self.config.poll_interval)
         before = _in_turn(exchange, self.shaping.refresh() if self.shaping else None)
         try:
-            claim = await self.database.claim(limit, self.fleet, before)
+            claim = await self.database.claim(limit, self.fleet, before, self.ledger.room())
         except DB_ERRORS as exc:
             if exchange is not None:
                 self.fleet.not_exchanged(exc, self.log)
