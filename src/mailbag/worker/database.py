@@ -57,9 +57,7 @@ class Claimed:
     over: list[Message] = field(default_factory=list)
 
 
-def fitting(
-    messages: Sequence[Message], room: Room | None
-) -> tuple[list[Message], list[Message]]:
+def fitting(messages: Sequence[Message], room: Room | None) -> tuple[list[Message], list[Message]]:
     """The messages, in claim order, whose attachments fit in the room (None: all), and
     those that do not. A worker holding nothing keeps its first message whatever its size
     (Settings keep MAX_BYTES_IN_FLIGHT at least MAX_MESSAGE_BYTES; a WorkerConfig built by
