@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 from mailbag.console import render
 from mailbag.console.actions import confirm
 from mailbag.console.context import ACTOR, Console, ConsoleError
+from mailbag.console.tenants import path_tenant_id
 from mailbag.console.views import NO_SUCH_TENANT, template_url
 from mailbag.domain.message import TENANT_ID_MAX
 from mailbag.domain.templates import (
@@ -98,21 +99,9 @@ def _service(c: Console) -> Templates:
     return c.services.templates
 
 
-async def _owner(c: Console) -> str:
-    """The id of the tenant of the page's path (its id or its name); 404 if none."""
-    typed = c.request.path_params["tenant_id"]
-    missing = ConsoleError(404, "Not found", "No tenant has this id or name.")
-    if len(typed) > TENANT_ID_MAX:
-        raise missing
-    try:
-        return await c.tenant_id(typed)
-    except UnknownTenant:
-        raise missing from None
-
-
 async def _where(c: Console) -> Where:
     """The page's template and locale: 404 for a name or locale no template can have."""
-    tenant_id = await _owner(c)
+    tenant_id = await path_tenant_id(c)
     name, tag = c.request.path_params["name"], c.request.path_params["locale"]
     problem = template_name_problem(name)
     if problem is not None:
@@ -147,7 +136,7 @@ async def templates_tenants(c: Console) -> Response:
 
 
 async def templates_index(c: Console) -> Response:
-    tenant_id = await _owner(c)
+    tenant_id = await path_tenant_id(c)
     return await _index(c, tenant_id)
 
 
@@ -174,7 +163,7 @@ async def _index(
 
 async def template_new(c: Console) -> Response:
     """The index's form for a new template or locale: to that page (its editor, empty)."""
-    tenant_id = await _owner(c)
+    tenant_id = await path_tenant_id(c)
     typed = {key: c.request.query_params.get(key, "").strip() for key in ("name", "locale")}
     errors = {
         key: problem
@@ -290,6 +279,15 @@ async def _preview(c: Console, where: Where, values: Mapping[str, str]) -> Previ
     )
 
 
+async def _refused(
+    c: Console, where: Where, values: Mapping[str, str], exc: Exception, title: str
+) -> Response:
+    """The editor again, the draft kept, with why it cannot be rendered or published."""
+    return await _editor(
+        c, where, values, status=_status_of(exc), problems=problems_of(exc), problems_title=title
+    )
+
+
 async def _editor(
     c: Console,
     where: Where,
@@ -382,14 +380,7 @@ async def template_preview(c: Console) -> Response:
     try:
         done = await _preview(c, where, values)
     except (InvalidTemplate, TemplateError) as exc:
-        return await _editor(
-            c,
-            where,
-            values,
-            status=_status_of(exc),
-            problems=problems_of(exc),
-            problems_title="The draft cannot be rendered",
-        )
+        return await _refused(c, where, values, exc, "The draft cannot be rendered")
     return await _editor(c, where, values, preview=done)
 
 
@@ -427,14 +418,7 @@ async def template_publish(c: Console) -> Response:
             now=c.now(),
         )
     except (InvalidTemplate, TemplateError) as exc:
-        return await _editor(
-            c,
-            where,
-            values,
-            status=_status_of(exc),
-            problems=problems_of(exc),
-            problems_title="Not published: the draft has problems",
-        )
+        return await _refused(c, where, values, exc, "Not published: the draft has problems")
     except Conflict:
         raise ConsoleError(
             409, "Not possible now", "Others published this locale at the same time: try again."

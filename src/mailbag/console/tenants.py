@@ -41,7 +41,7 @@ def _accounts(c: Console) -> TenantAccounts:
     return TenantAccounts(c.services.engine, c.services.settings)
 
 
-async def _owner(c: Console) -> str:
+async def path_tenant_id(c: Console) -> str:
     """The id of the tenant of the page's path (its id or its name); 404 if none."""
     typed = c.request.path_params["tenant_id"]
     missing = ConsoleError(404, "Not found", "No tenant has this id or name.")
@@ -88,7 +88,7 @@ async def _page(c: Console, tenant_id: str, *, status: int = 200, error: str = "
 
 async def tenant_page(c: Console) -> Response:
     """One tenant: its id and name, and its own account."""
-    return await _page(c, await _owner(c))
+    return await _page(c, await path_tenant_id(c))
 
 
 def _settings(form: Mapping[str, str]) -> dict[str, str]:
@@ -100,7 +100,7 @@ def _settings(form: Mapping[str, str]) -> dict[str, str]:
 
 async def set_account(c: Console) -> Response:
     """Give the tenant its own account, or replace it, with the form's kind and settings."""
-    tenant_id = await _owner(c)
+    tenant_id = await path_tenant_id(c)
     try:
         shown, created = await _accounts(c).put(
             tenant_id, c.form.get("kind", "").strip(), _settings(c.form), now=c.now(), actor=ACTOR
@@ -114,7 +114,7 @@ async def set_account(c: Console) -> Response:
 
 
 async def remove_account(c: Console) -> Response:
-    tenant_id = await _owner(c)
+    tenant_id = await path_tenant_id(c)
     back = tenant_url(tenant_id)
     if not c.confirmed:
         return confirm(
