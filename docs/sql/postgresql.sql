@@ -17,7 +17,7 @@ WHERE tenant_senders.tenant_id IN (:tenant_id_1) AND lower(tenant_senders.addres
 -- step 2 of 10
 SELECT suppressions.tenant_id, suppressions.email
 FROM suppressions
-WHERE suppressions.tenant_id IN (:tenant_id_1) AND suppressions.email IN (:email_1);
+WHERE suppressions.tenant_id IN (:tenant_id_1) AND suppressions.email = ANY (:emails);
 -- step 3 of 10
 INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name, from_address,
     subject, template_name, template_data, headers, tags, metadata, status, attempt_count,
@@ -25,13 +25,29 @@ INSERT INTO outbox_messages (id, tenant_id, idempotency_key, to_address, to_name
     lease_expires_at, provider, provider_message_id, last_error, sent_at, ambiguous_since, carried,
     expires_at, priority, claim_order_at, attachment_count, bulk, template_version_id,
     template_version, template_locale)
-VALUES (:id, :tenant_id, :idempotency_key, :to_address, :to_name, :from_address, :subject,
-    :template_name, :template_data, :headers, :tags, :metadata, :status, :attempt_count,
-    :max_attempts, :next_attempt_at, :created_at, :updated_at, :claim_token, :claimed_by,
-    :claimed_at, :lease_expires_at, :provider, :provider_message_id, :last_error, :sent_at,
-    :ambiguous_since, :carried, :expires_at, :priority, :claim_order_at, :attachment_count, :bulk,
-    :template_version_id, :template_version, :template_locale)
-ON CONFLICT (tenant_id, idempotency_key) DO NOTHING;  -- once per row (executemany)
+SELECT given.id, given.tenant_id, given.idempotency_key, given.to_address, given.to_name,
+    given.from_address, given.subject, given.template_name,
+    coalesce(given.template_data, 'null'::jsonb) AS template_data,
+    coalesce(given.headers, 'null'::jsonb) AS headers, coalesce(given.tags, 'null'::jsonb) AS tags,
+    coalesce(given.metadata, 'null'::jsonb) AS metadata, given.status, given.attempt_count,
+    given.max_attempts, given.next_attempt_at, given.created_at, given.updated_at,
+    given.claim_token, given.claimed_by, given.claimed_at, given.lease_expires_at, given.provider,
+    given.provider_message_id, given.last_error, given.sent_at, given.ambiguous_since,
+    given.carried, given.expires_at, given.priority, given.claim_order_at, given.attachment_count,
+    given.bulk, given.template_version_id, given.template_version, given.template_locale
+FROM jsonb_to_recordset(:rows) AS given(id UUID, tenant_id VARCHAR(100),
+    idempotency_key VARCHAR(255), to_address VARCHAR(255), to_name VARCHAR(255),
+    from_address VARCHAR(255), subject VARCHAR(500), template_name VARCHAR(100),
+    template_data JSONB, headers JSONB, tags JSONB, metadata JSONB, status VARCHAR(16),
+    attempt_count INTEGER, max_attempts INTEGER, next_attempt_at TIMESTAMP WITH TIME ZONE,
+    created_at TIMESTAMP WITH TIME ZONE, updated_at TIMESTAMP WITH TIME ZONE, claim_token UUID,
+    claimed_by VARCHAR(200), claimed_at TIMESTAMP WITH TIME ZONE,
+    lease_expires_at TIMESTAMP WITH TIME ZONE, provider VARCHAR(50),
+    provider_message_id VARCHAR(255), last_error VARCHAR(2000), sent_at TIMESTAMP WITH TIME ZONE,
+    ambiguous_since TIMESTAMP WITH TIME ZONE, carried JSONB, expires_at TIMESTAMP WITH TIME ZONE,
+    priority SMALLINT, claim_order_at TIMESTAMP WITH TIME ZONE, attachment_count SMALLINT,
+    bulk BOOLEAN, template_version_id BIGINT, template_version INTEGER, template_locale VARCHAR(35))
+ON CONFLICT (tenant_id, idempotency_key) DO NOTHING;
 -- step 4 of 10
 SELECT outbox_messages.id
 FROM outbox_messages
@@ -65,10 +81,13 @@ INSERT INTO message_attachments (message_id, position, sha256, filename, content
 VALUES (:message_id, :position, :sha256, :filename, :content_type, :content_id);
 -- once per row (executemany)
 -- step 9 of 10
-INSERT INTO message_events (message_id, from_status, to_status, at, actor, attempt,
-    provider_message_id, detail)
-VALUES (:message_id, :from_status, :to_status, :at, :actor, :attempt, :provider_message_id,
-    :detail);  -- once per row (executemany)
+INSERT INTO message_events (message_id, from_status, to_status, at, actor, detail,
+    provider_message_id, attempt)
+SELECT given.message_id, given.from_status, given.to_status, given.at, given.actor, given.detail,
+    given.provider_message_id, given.attempt
+FROM jsonb_to_recordset(:rows) AS given(message_id UUID, from_status VARCHAR(16),
+    to_status VARCHAR(16), at TIMESTAMP WITH TIME ZONE, actor VARCHAR(200), detail VARCHAR(2000),
+    provider_message_id VARCHAR(255), attempt INTEGER);
 -- step 10 of 10
 SELECT pg_notify(:pg_notify, :pg_notify_2) AS pg_notify_1;
 
@@ -1269,7 +1288,7 @@ FROM suppressions;
 -- Which of these (tenant, address) pairs are suppressed (addresses compared in lower case).
 SELECT suppressions.tenant_id, suppressions.email
 FROM suppressions
-WHERE suppressions.tenant_id IN (:tenant_id_1) AND suppressions.email IN (:email_1);
+WHERE suppressions.tenant_id IN (:tenant_id_1) AND suppressions.email = ANY (:emails);
 
 
 -- === erasure ===============================================================================
@@ -1664,10 +1683,13 @@ VALUES (:id, :tenant_id, :email, :state, :token_digest, :expires_at, :confirm_at
     :message_id, :template_name, :redirect_url, :locale, :created_at, :updated_at, :sent_at,
     :verified_at);
 -- step 2 of 2
-INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, message_id,
-    detail)
-VALUES (:verification_id, :from_state, :to_state, :at, :actor, :message_id, :detail);
--- once per row (executemany)
+INSERT INTO verification_events (verification_id, from_state, to_state, at, actor, detail,
+    message_id)
+SELECT given.verification_id, given.from_state, given.to_state, given.at, given.actor, given.detail,
+    given.message_id
+FROM jsonb_to_recordset(:rows) AS given(verification_id UUID, from_state VARCHAR(16),
+    to_state VARCHAR(16), at TIMESTAMP WITH TIME ZONE, actor VARCHAR(200), detail VARCHAR(2000),
+    message_id UUID);
 
 -- name: verifications.transition --
 -- Move the verifications matching `where` that `action` allows, and log each move.

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ARRAY, Uuid, any_, bindparam, func, select
+from sqlalchemy import func, select
 
 from mailbag.domain.content import Attachment, head_start
 from mailbag.domain.hooks import HookEvent
@@ -21,6 +21,7 @@ from mailbag.store import attachments as attachment_store
 from mailbag.store import hooks
 from mailbag.store import senders as sender_store
 from mailbag.store import suppressions as suppression_store
+from mailbag.store.bulk_insert import insert_rows
 from mailbag.store.message_transitions import (
     LAST_ERROR,
     MESSAGE_ROWS,
@@ -32,7 +33,7 @@ from mailbag.store.message_transitions import (
 )
 from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.transition import history_row, record
-from mailbag.store.types import insert_unless_taken
+from mailbag.store.types import one_of
 
 NOTIFY_CHANNEL = "mailbag_outbox"
 
@@ -72,8 +73,7 @@ def enqueue(
         _new_row(m, now, default_max_attempts, suppressed, identities.get(_sender(m)))
         for m in messages
     ]
-    taken_keys = insert_unless_taken(dialect, om, (om.c.tenant_id, om.c.idempotency_key))
-    yield Step(taken_keys, rows)
+    yield insert_rows(dialect, om, rows, unless_taken=(om.c.tenant_id, om.c.idempotency_key))
     keyed = [(m, row["id"]) for m, row in zip(messages, rows, strict=True) if m.idempotency_key]
     written = (yield from _ours(dialect, [new_id for _, new_id in keyed])) if keyed else set()
     taken_by = yield from _holders(dialect, [m for m, new_id in keyed if new_id not in written])
@@ -95,13 +95,7 @@ def _ours(dialect: str, new_ids: list[uuid.UUID]) -> Plan[set[uuid.UUID]]:
     """Which keyed rows are ours, by primary key: only a key that was taken is then read
     back by (tenant, key) (none on a first send), a lookup PostgreSQL plans as a scan of all
     the tenant's rows while the table is new to its statistics."""
-    if dialect == "postgresql":
-        # One array parameter, not 1,000: one statement, prepared once, read by the index
-        # (a long IN list went on being planned as a scan comparing every row with it).
-        ids = bindparam("new_ids", new_ids, type_=ARRAY(Uuid))
-        mine = select(om.c.id).where(om.c.id == any_(ids))
-    else:
-        mine = select(om.c.id).where(om.c.id.in_(new_ids))
+    mine = select(om.c.id).where(one_of(dialect, om.c.id, new_ids, "new_ids"))
     return set((yield Step(mine)).scalars().all())
 
 

@@ -21,7 +21,7 @@ from sqlalchemy import delete, func, select
 from mailbag.domain.erasure import ErasureKey
 from mailbag.store.plan import Plan, Step, connection_option, current_dialect
 from mailbag.store.schema import suppressions
-from mailbag.store.types import insert_unless_taken
+from mailbag.store.types import insert_unless_taken, one_of
 
 ERASURE_KEY_OPTION = "mailbag_erasure_key"  # the execution option that carries an ErasureKey
 
@@ -126,10 +126,12 @@ def among(pairs: Iterable[tuple[str, str]]) -> Plan[frozenset[tuple[str, str]]]:
     if key is not None:
         plain_of.update({key.hashed(email): email for _, email in wanted})
     tenants = {tenant for tenant, _ in wanted}
+    dialect = yield from current_dialect()
     rows = (
         yield Step(
             select(suppressions.c.tenant_id, suppressions.c.email).where(
-                suppressions.c.tenant_id.in_(tenants), suppressions.c.email.in_(plain_of)
+                suppressions.c.tenant_id.in_(tenants),
+                one_of(dialect, suppressions.c.email, plain_of, "emails"),
             )
         )
     ).all()

@@ -48,6 +48,7 @@ from sqlalchemy import (
 
 from mailbag.domain.machine import Budget, Condition, Machine
 from mailbag.domain.message import ERROR_MAX, truncate_error
+from mailbag.store.bulk_insert import insert_rows
 from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.types import UTCDateTime
 
@@ -354,17 +355,11 @@ def _history_sql(
 
 
 def record(tracked: Tracked[Any, Any], rows: Sequence[Mapping[str, Any]]) -> Plan[None]:
-    """Append history rows: one executemany of a cached INSERT (psycopg pipelines it), never
-    a statement compiled anew for each batch."""
+    """Append history rows: one cached statement (store.bulk_insert), never one compiled
+    anew for each batch."""
     if rows:
-        yield Step(_insert_into(tracked.history), list(rows))
-
-
-_INSERTS: dict[str, Insert] = {}
-
-
-def _insert_into(table: Table) -> Insert:
-    return _INSERTS.setdefault(table.name, insert(table))
+        dialect = yield from current_dialect()
+        yield insert_rows(dialect, tracked.history, rows)
 
 
 # A cached statement's time and actor (see apply_transition's `cache`).

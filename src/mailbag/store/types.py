@@ -3,11 +3,12 @@ PostgreSQL and MariaDB."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
     JSON,
     BigInteger,
     Column,
@@ -17,6 +18,8 @@ from sqlalchemy import (
     LargeBinary,
     Table,
     Text,
+    any_,
+    bindparam,
 )
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.types import TypeDecorator, TypeEngine
@@ -117,3 +120,12 @@ def insert_unless_taken(dialect: str, table: Table, key: Sequence[Column[Any]] =
     if dialect == "mysql":
         return insert.on_duplicate_key_update(id=table.c.id)
     return insert.on_conflict_do_nothing(index_elements=list(key) or None)
+
+
+def one_of(dialect: str, column: Column[Any], values: Collection[Any], name: str) -> Any:
+    """`column IN values`. On PostgreSQL one array parameter (`= ANY(:name)`): one statement
+    text for any number of values, parsed once by psycopg and read by the index (a long IN
+    list is new text for each length, and went on being planned as a scan)."""
+    if dialect == "postgresql":
+        return column == any_(bindparam(name, list(values), type_=ARRAY(column.type)))
+    return column.in_(values)
