@@ -6,7 +6,7 @@ import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mailbag.domain import states
@@ -230,3 +230,55 @@ def test_ascii_addresses_use_idna_2008_as_the_validator_does():
     assert ascii_address("u@bücher.example") == "u@xn--bcher-kva.example"
     assert ascii_address("u@straße.de") == "u@xn--strae-oqa.de"  # IDNA 2003 said strasse.de
     assert ascii_address("zoë@example.com") == "zoë@example.com"
+
+
+# Pieces an address is made of, many of them at an edge of email_validator's rules: the
+# per-domain path (domain/message.py `_plain`) must take none the library would not.
+_LOCAL_PIECES = st.sampled_from(
+    ["a", "Z9", "x" * 64, "x" * 65, ".", "..", "+tag", "o'neil", '"q"', "zoë", " ", "a b", "@", "-"]
+)
+_DOMAIN_PIECES = st.sampled_from(
+    [
+        "example.com",
+        "EXAMPLE.com",
+        "bücher.example",
+        "xn--bcher-kva.example",
+        "ex_ample.com",
+        "-bad.com",
+        "com",
+        "a." * 60 + "com",
+        "b." * 95 + "com",  # with 64 characters before the @-sign, over 254 in all
+        "[127.0.0.1]",
+        "example.com.",
+        "exa mple.com",
+        "example.com>",
+        "ｅxample.com",
+        "x" * 64 + ".com",
+        "straße.de",
+    ]
+)
+
+
+@given(
+    st.lists(_LOCAL_PIECES, min_size=0, max_size=3).map("".join),
+    st.lists(_DOMAIN_PIECES, min_size=1, max_size=2).map(".".join),
+)
+@example("x" * 64, "b." * 95 + "com")  # every part valid, the whole too long
+@example("a", "xn--bcher-kva.example")  # normalized to Unicode
+@example("a", "EXAMPLE.com")
+def test_an_address_checked_per_domain_is_what_the_library_makes_of_it(local, domain):
+    from email_validator import validate_email
+
+    address = f"{local}@{domain}"
+    try:
+        expected: str | Exception = validate_email(address, check_deliverability=False).normalized
+    except ValueError as exc:
+        expected = exc
+    try:
+        got: str | Exception = normalize_address(address, ANY_ADDRESS)
+    except ValueError as exc:
+        got = exc
+    if isinstance(expected, Exception):
+        assert isinstance(got, Exception), (address, got)
+    else:
+        assert got == expected, address

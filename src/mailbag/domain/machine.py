@@ -68,6 +68,8 @@ class Machine(Generic[S, A]):
 
     def __init__(self, transitions: Iterable[Transition[S, A]]) -> None:
         self.transitions: tuple[Transition[S, A], ...] = tuple(transitions)
+        # Asked for each row written (enqueue's ENQUEUE, each outcome): answered once.
+        self._targets: dict[A, frozenset[S]] = {}
 
     def sources(self, action: A) -> frozenset[S]:
         """The states an action may start from: the guard of its conditional UPDATE."""
@@ -76,7 +78,10 @@ class Machine(Generic[S, A]):
         )
 
     def targets(self, action: A) -> frozenset[S]:
-        return frozenset(t.target for t in self.transitions if t.action is action)
+        if (known := self._targets.get(action)) is None:
+            known = frozenset(t.target for t in self.transitions if t.action is action)
+            self._targets[action] = known
+        return known
 
     def target(self, action: A) -> S:
         """The single state an action leads to (an action with a `when` has none)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Collection, Mapping, Sequence
@@ -11,6 +12,7 @@ from typing import Any, TypedDict
 
 import idna
 from email_validator import EmailNotValidError, validate_email
+from email_validator.rfc_constants import DOT_ATOM_TEXT, EMAIL_MAX_LENGTH, LOCAL_PART_MAX_LENGTH
 
 from mailbag.domain import storable
 from mailbag.domain.bulk import BULK_TAG
@@ -165,6 +167,13 @@ class NewMessage:
     # None until then.
     pin: Pin | None = None
 
+    def pinned_to(self, pin: Pin) -> NewMessage:
+        """This message with its template version: `dataclasses.replace` without running
+        __init__ for every field again (once per row of a bulk send)."""
+        pinned = object.__new__(NewMessage)
+        pinned.__dict__.update(self.__dict__, pin=pin)
+        return pinned
+
     @property
     def to_address(self) -> str:
         return self.recipients.to[0].address
@@ -235,7 +244,7 @@ def normalize_address(address: str, rules: AddressRules = AddressRules()) -> str
         ).normalized
         normalized = checked[: -len("test")] + tld
     else:
-        normalized = validate_email(address, check_deliverability=False).normalized
+        normalized = _plain(local, at, domain) or _validated(address)
     if not rules.utf8_local_part and not normalized.rpartition("@")[0].isascii():
         carrier = f"the configured provider ({rules.provider})" if rules.provider else "it"
         raise EmailNotValidError(
@@ -243,6 +252,38 @@ def normalize_address(address: str, rules: AddressRules = AddressRules()) -> str
             "addresses (they need SMTPUTF8; the smtp provider can)"
         )
     return normalized
+
+
+def _validated(address: str) -> str:
+    return validate_email(address, check_deliverability=False).normalized
+
+
+def _plain(local: str, at: str, domain: str) -> str | None:
+    """The normalized form of a plain address (an ASCII dot-atom of at most 64 characters
+    before the @-sign), as email_validator gives it, or None: the library decides the rest.
+    A bulk list holds thousands of addresses on a few domains, and the domain is most of
+    the library's cost (IDNA, UTS #46): it is checked once per domain."""
+    if not at or len(local) > LOCAL_PART_MAX_LENGTH or not DOT_ATOM_TEXT.match(local):
+        return None
+    if (domains := _domain(domain)) is None:
+        return None
+    normalized, ascii_form = domains
+    # The library's length checks: the address as given, normalized and in ASCII.
+    longest = max(len(domain.encode()), len(normalized.encode()), len(ascii_form))
+    if len(local) + 1 + longest > EMAIL_MAX_LENGTH:
+        return None
+    return f"{local}@{normalized}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _domain(domain: str) -> tuple[str, str] | None:
+    """A domain as email_validator normalizes it and its ASCII form, or None when the
+    library refuses it (the whole address then goes through the library for its reason)."""
+    try:
+        checked = validate_email(f"a@{domain}", check_deliverability=False)
+    except EmailNotValidError:
+        return None
+    return checked.domain, checked.ascii_domain
 
 
 def ascii_address(address: str) -> str:

@@ -9,6 +9,7 @@ message that was created, the workers are woken (wakeup.notify_after_commit).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -61,9 +62,9 @@ def _builtin() -> Book:
 
 
 def count_created(results: list[Enqueued]) -> None:
-    for result in results:
-        if result.created:
-            metrics.ENQUEUED.labels(metrics.template_label(result.message.template_name)).inc()
+    created = Counter(r.message.template_name for r in results if r.created)
+    for template, count in created.items():  # one inc per template, not per message
+        metrics.ENQUEUED.labels(metrics.template_label(template)).inc(count)
 
 
 def _written(results: list[Enqueued], conn: Connection) -> list[Enqueued]:

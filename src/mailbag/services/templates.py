@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -91,9 +91,9 @@ def pin_each(
             tag = rules.chosen(locales, m.locale, default)
             assert tag is not None  # the default locale is always there
             number, version_id = locales[tag]
-            done.append(replace(m, pin=Pin(version_id, number, tag)))
+            done.append(m.pinned_to(Pin(version_id, number, tag)))
         elif m.template_name in book.catalog:
-            done.append(replace(m, pin=FILE_TEMPLATE))
+            done.append(m.pinned_to(FILE_TEMPLATE))
         else:
             done.append(m)
             refused[position] = InvalidMessage(
