@@ -45,7 +45,7 @@ from mailbag.domain.content import Address
 from mailbag.domain.message import Message, ascii_address
 from mailbag.providers import http_api, kit, register
 from mailbag.providers.base import Capabilities, Sighting
-from mailbag.providers.http_api import Answer, custom_headers, encode_json, mailbox, nonempty
+from mailbag.providers.http_api import Answer, add_nonempty, custom_headers, encode_json, mailbox
 from mailbag.providers.kit import OutcomeClass, OutcomeTable
 from mailbag.providers.postmark_events import METADATA_KEY  # webhooks echo it
 
@@ -133,25 +133,26 @@ def message_payload(email: OutgoingEmail, message_stream: str) -> dict[str, Any]
     payload: dict[str, Any] = {
         "From": mailbox(PROVIDER, email.from_email, email.from_name),
         "To": _mailboxes(email.recipients.to),
-        **nonempty(
-            {
-                "Cc": _mailboxes(email.recipients.cc),
-                # Postmark's own field: envelope only, never a header.
-                "Bcc": _mailboxes(email.recipients.bcc),
-                "ReplyTo": _mailboxes(email.reply_to),
-            }
-        ),
-        "Subject": email.subject,
-        **nonempty({"HtmlBody": email.html, "TextBody": email.text}),
     }
-    ours = {MESSAGE_ID_HEADER: str(email.message_id), "Message-ID": email.rfc_message_id}
-    headers = custom_headers(email, ours)
+    # Each only when the email has one (Bcc: Postmark's own field, envelope only, never a
+    # header); the empty ones are not even joined.
+    for field, addresses in (
+        ("Cc", email.recipients.cc),
+        ("Bcc", email.recipients.bcc),
+        ("ReplyTo", email.reply_to),
+    ):
+        if addresses:
+            payload[field] = _mailboxes(addresses)
+    payload["Subject"] = email.subject
+    add_nonempty(payload, ("HtmlBody", email.html), ("TextBody", email.text))
+    our_id = str(email.message_id)
+    headers = custom_headers(email, {MESSAGE_ID_HEADER: our_id, "Message-ID": email.rfc_message_id})
     payload["Headers"] = [{"Name": name, "Value": value} for name, value in headers.items()]
     if email.attachments:
         payload["Attachments"] = _attachments(email)
     if email.tags:
         payload["Tag"] = email.tags[0]  # Postmark takes one (see the module doc)
-    payload["Metadata"] = {METADATA_KEY: str(email.message_id)}
+    payload["Metadata"] = {METADATA_KEY: our_id}
     payload["MessageStream"] = message_stream
     return payload
 
@@ -216,7 +217,7 @@ class PostmarkProvider(http_api.ApiProvider):
             payload = message_payload(email, self.message_stream)
         except ValueError as exc:  # nothing Postmark could take: an address it cannot carry
             return delivery.Rejected(f"cannot build the Postmark request: {exc}")
-        answer = await self._post(SEND_PATH, payload)
+        answer = await self._post(SEND_PATH, encode_json(payload))
         return self._outcomes(answer, count=1)[0]
 
     async def send_batch(self, emails: Sequence[OutgoingEmail]) -> list[delivery.SendOutcome]:
@@ -224,27 +225,29 @@ class PostmarkProvider(http_api.ApiProvider):
         calls of up to 500 (and 50 MB), concurrently; one it cannot is Rejected alone."""
         if self._api_key is None:
             return [self.missing_key] * len(emails)
-        built: list[tuple[int, dict[str, Any]]] = []
+        # Each body is written once: its size cuts the calls, and a call's body is the
+        # bodies joined (the bytes encode_json writes for their list).
+        built: list[tuple[int, bytes]] = []
         refused: list[tuple[list[int], Any]] = []
         for index, email in enumerate(emails):
             try:
-                built.append((index, message_payload(email, self.message_stream)))
+                built.append((index, encode_json(message_payload(email, self.message_stream))))
             except ValueError as exc:
                 refused.append(([index], _refused(f"cannot build the Postmark request: {exc}")))
         by_index = dict(built)
-        sized = [(index, encode_json(payload)) for index, payload in built]
-        calls = [(chunk, self._send_call([by_index[i] for i in chunk])) for chunk in _calls(sized)]
+        calls = [(chunk, self._send_call([by_index[i] for i in chunk])) for chunk in _calls(built)]
         return await http_api.in_order(len(emails), [*calls, *refused])
 
-    async def _send_call(self, payloads: Sequence[dict[str, Any]]) -> list[delivery.SendOutcome]:
-        if len(payloads) == 1:
-            return self._outcomes(await self._post(SEND_PATH, payloads[0]), count=1)
-        return self._outcomes(await self._post(BATCH_PATH, list(payloads)), count=len(payloads))
+    async def _send_call(self, bodies: Sequence[bytes]) -> list[delivery.SendOutcome]:
+        if len(bodies) == 1:
+            return self._outcomes(await self._post(SEND_PATH, bodies[0]), count=1)
+        batch = b"[" + b",".join(bodies) + b"]"
+        return self._outcomes(await self._post(BATCH_PATH, batch), count=len(bodies))
 
-    async def _post(self, path: str, payload: dict[str, Any] | list[Any]) -> Answer:
+    async def _post(self, path: str, body: bytes) -> Answer:
         assert self._api_key is not None
         return await http_api.call(
-            self._client, "POST", path, headers={TOKEN_HEADER: self._api_key}, json=payload
+            self._client, "POST", path, headers={TOKEN_HEADER: self._api_key}, encoded=body
         )
 
     def _outcomes(self, answer: Answer, *, count: int) -> list[delivery.SendOutcome]:
@@ -260,13 +263,14 @@ class PostmarkProvider(http_api.ApiProvider):
                 f"Postmark answered {answer.status} without one result per email: {answer.body!r}"
             )
             return [self._failure(delivery.Ambiguous, text, answer)] * count
-        return [self._result(answer, result) for result in results]
+        by_status = kit.first_match(RESPONSE_TABLE, status=answer.status)  # once, not per item
+        return [self._result(answer, by_status, result) for result in results]
 
-    def _result(self, answer: Answer, result: Any) -> delivery.SendOutcome:
-        """One email's outcome from its result: the whole answer's, or a batch's item."""
+    def _result(self, answer: Answer, by_status: OutcomeClass, result: Any) -> delivery.SendOutcome:
+        """One email's outcome from its result (the whole answer's, or a batch's item) and
+        what RESPONSE_TABLE says of the answer's status."""
         assert answer.status is not None
-        found = kit.first_match(RESPONSE_TABLE, status=answer.status)
-        code = _error_code(result)
+        found, code = by_status, _error_code(result)
         if found in (delivery.Accepted, delivery.Rejected) and code:
             found = ERROR_CODES.get(code, delivery.Rejected)
         if found is delivery.Accepted:

@@ -34,6 +34,7 @@ so only the bad email fails.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 import time
 import uuid
@@ -46,7 +47,7 @@ from mailbag.domain import delivery
 from mailbag.domain.content import Address
 from mailbag.providers import http_api, kit, register
 from mailbag.providers.base import Capabilities, Sighting
-from mailbag.providers.http_api import Answer, custom_headers, mailbox, nonempty
+from mailbag.providers.http_api import Answer, add_nonempty, custom_headers, mailbox
 from mailbag.providers.kit import OutcomeTable
 from mailbag.providers.resend_events import TAG_NAME  # webhooks echo our message id
 
@@ -103,6 +104,7 @@ Deferred or Throttled carries Retry-After; error texts carry the status and Rese
 _BATCH_REFUSED: Final = frozenset({400, 422})
 
 
+@functools.lru_cache(maxsize=1024)  # a few tags, on every email
 def tag_text(value: str) -> str:
     """A tag name or value as Resend takes it: ASCII letters, digits, `_` and `-` only
     (anything else becomes `_`), at most 256 characters."""
@@ -122,12 +124,20 @@ def message_payload(email: OutgoingEmail) -> dict[str, Any]:
         "from": mailbox(PROVIDER, email.from_email, email.from_name),
         "to": _mailboxes(email.recipients.to),
         "subject": email.subject,
-        # bcc is Resend's own field: envelope only, never a header.
-        **nonempty({"cc": cc, "bcc": bcc, "reply_to": reply_to}),
-        **nonempty({"html": email.html, "text": email.text}),
     }
-    ours = {MESSAGE_ID_HEADER: str(email.message_id), "Message-ID": email.rfc_message_id}
-    payload["headers"] = custom_headers(email, ours)
+    # bcc is Resend's own field: envelope only, never a header.
+    add_nonempty(
+        payload,
+        ("cc", cc),
+        ("bcc", bcc),
+        ("reply_to", reply_to),
+        ("html", email.html),
+        ("text", email.text),
+    )
+    our_id = str(email.message_id)
+    payload["headers"] = custom_headers(
+        email, {MESSAGE_ID_HEADER: our_id, "Message-ID": email.rfc_message_id}
+    )
     if email.attachments:
         payload["attachments"] = [
             {
@@ -139,7 +149,7 @@ def message_payload(email: OutgoingEmail) -> dict[str, Any]:
             for a in email.attachments
         ]
     tags = {tag_text(tag): "true" for tag in email.tags}
-    tags[TAG_NAME] = str(email.message_id)  # ours last: a tag of that name cannot hide it
+    tags[TAG_NAME] = our_id  # ours last: a tag of that name cannot hide it
     payload["tags"] = [{"name": name, "value": value} for name, value in tags.items()]
     return payload
 
