@@ -92,3 +92,21 @@ async def test_a_postmark_batch_body_is_its_payloads_list_as_encode_json_writes_
         await provider.aclose()
     payloads = [postmark.message_payload(email, "outbound") for email in emails]
     assert bodies == [orjson.dumps(payloads)]
+
+
+@given(st.lists(st.text(max_size=40), max_size=30), st.integers(1, 6))
+def test_postmark_cuts_its_calls_as_if_each_payload_were_written_alone(
+    texts: list[str], most: int
+) -> None:
+    built = [(index, {"TextBody": text}) for index, text in enumerate(texts)]
+    alone = [(i, orjson.dumps(payload)) for i, payload in built]
+    whole = len(orjson.dumps([payload for _, payload in built]))
+    for most_bytes in range(2, whole + 3):  # every size limit a cut could fall on
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(postmark, "MAX_BATCH", most)
+            patch.setattr(postmark, "MAX_BATCH_BYTES", most_bytes)
+            calls = list(postmark._calls(built))
+            assert calls == list(postmark._sized_calls(alone))
+        for indexes, body in calls:
+            payloads = [built[i][1] for i in indexes]
+            assert body == orjson.dumps(payloads[0] if len(payloads) == 1 else payloads)

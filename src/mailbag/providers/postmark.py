@@ -157,19 +157,46 @@ def message_payload(email: OutgoingEmail, message_stream: str) -> dict[str, Any]
     return payload
 
 
-def _calls(payloads: Sequence[tuple[int, bytes]]) -> Iterator[list[int]]:
-    """Indexes of built payloads cut into batch calls within Postmark's limits: 500
-    messages and 50 MB a call (the JSON array's brackets and commas counted)."""
-    call: list[int] = []
+def _calls(payloads: Sequence[tuple[int, dict[str, Any]]]) -> Iterator[tuple[list[int], bytes]]:
+    """Built payloads cut into calls within Postmark's limits, 500 messages and 50 MB a
+    call: each call's indexes and its body (one message: its object; several: their
+    list). Each 500 are written at once (one orjson call costs as much as a small payload
+    does) and are a call when within 50 MB; from the first 500 that are not, each payload
+    is written alone and the calls are cut by size (`_sized_calls`), so the cut is the
+    same as if every payload had been written alone."""
+    for start in range(0, len(payloads), MAX_BATCH):
+        chunk = payloads[start : start + MAX_BATCH]
+        if len(chunk) == 1:
+            yield [chunk[0][0]], encode_json(chunk[0][1])
+            continue
+        body = encode_json([payload for _, payload in chunk])
+        if len(body) + 1 <= MAX_BATCH_BYTES:  # as `_sized_calls` counts: a comma after each
+            yield [index for index, _ in chunk], body
+            continue
+        yield from _sized_calls([(index, encode_json(p)) for index, p in payloads[start:]])
+        return
+
+
+def _sized_calls(bodies: Sequence[tuple[int, bytes]]) -> Iterator[tuple[list[int], bytes]]:
+    """Written payloads cut into calls by count and size (the JSON array's brackets and
+    commas counted), each call's body the bodies joined: the bytes encode_json writes for
+    their list."""
+    call: list[tuple[int, bytes]] = []
     size = 2
-    for index, body in payloads:
+    for index, body in bodies:
         if call and (len(call) == MAX_BATCH or size + len(body) + 1 > MAX_BATCH_BYTES):
-            yield call
+            yield _joined(call)
             call, size = [], 2
-        call.append(index)
+        call.append((index, body))
         size += len(body) + 1
     if call:
-        yield call
+        yield _joined(call)
+
+
+def _joined(call: Sequence[tuple[int, bytes]]) -> tuple[list[int], bytes]:
+    if len(call) == 1:
+        return [call[0][0]], call[0][1]
+    return [index for index, _ in call], b"[" + b",".join(body for _, body in call) + b"]"
 
 
 def _error_code(body: Any) -> int | None:
@@ -225,24 +252,20 @@ class PostmarkProvider(http_api.ApiProvider):
         calls of up to 500 (and 50 MB), concurrently; one it cannot is Rejected alone."""
         if self._api_key is None:
             return [self.missing_key] * len(emails)
-        # Each body is written once: its size cuts the calls, and a call's body is the
-        # bodies joined (the bytes encode_json writes for their list).
-        built: list[tuple[int, bytes]] = []
+        built: list[tuple[int, dict[str, Any]]] = []
         refused: list[tuple[list[int], Any]] = []
         for index, email in enumerate(emails):
             try:
-                built.append((index, encode_json(message_payload(email, self.message_stream))))
+                built.append((index, message_payload(email, self.message_stream)))
             except ValueError as exc:
                 refused.append(([index], _refused(f"cannot build the Postmark request: {exc}")))
-        by_index = dict(built)
-        calls = [(chunk, self._send_call([by_index[i] for i in chunk])) for chunk in _calls(built)]
+        calls = [(chunk, self._send_call(chunk, body)) for chunk, body in _calls(built)]
         return await http_api.in_order(len(emails), [*calls, *refused])
 
-    async def _send_call(self, bodies: Sequence[bytes]) -> list[delivery.SendOutcome]:
-        if len(bodies) == 1:
-            return self._outcomes(await self._post(SEND_PATH, bodies[0]), count=1)
-        batch = b"[" + b",".join(bodies) + b"]"
-        return self._outcomes(await self._post(BATCH_PATH, batch), count=len(bodies))
+    async def _send_call(self, indexes: Sequence[int], body: bytes) -> list[delivery.SendOutcome]:
+        if len(indexes) == 1:
+            return self._outcomes(await self._post(SEND_PATH, body), count=1)
+        return self._outcomes(await self._post(BATCH_PATH, body), count=len(indexes))
 
     async def _post(self, path: str, body: bytes) -> Answer:
         assert self._api_key is not None
