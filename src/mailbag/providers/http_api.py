@@ -19,6 +19,7 @@ each of them is its payload, its answer table and its lookups.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -235,6 +236,13 @@ def mailbox(provider: str, address: str, name: str | None) -> str:
         # parse of the address (a quarter of a Postmark or Resend payload's cost).
         return f"{name} <{ascii_form}>"
     return str(HeaderAddress(display_name=name, addr_spec=ascii_form))
+
+
+@functools.lru_cache(maxsize=256)
+def sender(provider: str, address: str, name: str | None) -> str:
+    """`mailbox` of a From: a handful of senders write every email's From, so each is
+    written once (a refusal is not kept: it is raised again)."""
+    return mailbox(provider, address, name)
 
 
 async def in_order(

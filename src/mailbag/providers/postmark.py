@@ -45,7 +45,14 @@ from mailbag.domain.content import Address
 from mailbag.domain.message import Message, ascii_address
 from mailbag.providers import http_api, kit, register
 from mailbag.providers.base import Capabilities, Sighting
-from mailbag.providers.http_api import Answer, add_nonempty, custom_headers, encode_json, mailbox
+from mailbag.providers.http_api import (
+    Answer,
+    add_nonempty,
+    custom_headers,
+    encode_json,
+    mailbox,
+    sender,
+)
 from mailbag.providers.kit import OutcomeClass, OutcomeTable
 from mailbag.providers.postmark_events import METADATA_KEY  # webhooks echo it
 
@@ -131,7 +138,7 @@ def message_payload(email: OutgoingEmail, message_stream: str) -> dict[str, Any]
     """One email as Postmark's `SendEmailRequest` (the body of `/email`, an item of a
     batch). Raises ValueError (UnsupportedFeature) for what Postmark cannot carry."""
     payload: dict[str, Any] = {
-        "From": mailbox(PROVIDER, email.from_email, email.from_name),
+        "From": sender(PROVIDER, email.from_email, email.from_name),
         "To": _mailboxes(email.recipients.to),
     }
     # Each only when the email has one (Bcc: Postmark's own field, envelope only, never a

@@ -47,7 +47,7 @@ from mailbag.domain import delivery
 from mailbag.domain.content import Address
 from mailbag.providers import http_api, kit, register
 from mailbag.providers.base import Capabilities, Sighting
-from mailbag.providers.http_api import Answer, add_nonempty, custom_headers, mailbox
+from mailbag.providers.http_api import Answer, add_nonempty, custom_headers, mailbox, sender
 from mailbag.providers.kit import OutcomeTable
 from mailbag.providers.resend_events import TAG_NAME  # webhooks echo our message id
 
@@ -121,7 +121,7 @@ def message_payload(email: OutgoingEmail) -> dict[str, Any]:
     cc, bcc = _mailboxes(email.recipients.cc), _mailboxes(email.recipients.bcc)
     reply_to = _mailboxes(email.reply_to)
     payload: dict[str, Any] = {
-        "from": mailbox(PROVIDER, email.from_email, email.from_name),
+        "from": sender(PROVIDER, email.from_email, email.from_name),
         "to": _mailboxes(email.recipients.to),
         "subject": email.subject,
     }
