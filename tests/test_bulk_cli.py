@@ -3,6 +3,7 @@ and never written, and running the same file again writes nothing twice."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -148,14 +149,16 @@ def test_a_run_that_stops_half_way_is_finished_by_running_it_again(cli, db, tmp_
     monkeypatch.setattr(outbox, "write_many", crashing)
     stopped = cli(path, "--template", "welcome", "--chunk-size", "2")
     assert stopped.exit_code == 1
-    assert "interrupted after 2 of 5 rows were written; run the same command again" in (
-        stopped.stderr
+    # Two chunks are written at a time: the third may have been, and the count says so.
+    written = re.search(
+        r"interrupted after (\d) of 5 rows were written; run the same", stopped.stderr
     )
-    assert count_rows(db)[0] == 2
+    assert written is not None, stopped.stderr
+    assert int(written[1]) in (2, 4) and count_rows(db)[0] == int(written[1])
     monkeypatch.setattr(outbox, "write_many", real)
     finished = cli(path, "--template", "welcome", "--chunk-size", "2")
     assert finished.exit_code == 0, finished.output
-    assert "3 created, 2 already there" in finished.stdout
+    assert f"{5 - int(written[1])} created, {written[1]} already there" in finished.stdout
     assert count_rows(db) == (5, 5)
 
 

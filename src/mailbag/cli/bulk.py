@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from mailbag.domain.message import NewMessage
     from mailbag.services.intake import Rules
     from mailbag.settings import Settings
+    from mailbag.store.enqueue import Enqueued
     from mailbag.templates.book import Book
 
 # Columns that address the message; every other column is template data.
@@ -410,44 +411,81 @@ def write(
     rules: Rules,
     ready_from: str | None,
 ) -> dict[str, int]:
-    """Write the messages, `chunk_size` per transaction; a stop half-way says how to go on."""
+    """Write the messages, `chunk_size` per transaction, WRITERS transactions at a time; a
+    stop half-way says how to go on (every chunk is committed whole or not at all)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from sqlalchemy.exc import SQLAlchemyError
 
     from mailbag.domain.message import InvalidMessage
-    from mailbag.domain.states import Status
-    from mailbag.services.outbox import write_many
 
     counts = {"created": 0, "existing": 0, "suppressed": 0}
     done = 0
-    try:
-        for start in range(0, len(good), chunk_size):
-            chunk = [message for _, message, _ in good[start : start + chunk_size]]
-            with engine.begin() as conn:
-                results = write_many(
-                    conn,
-                    chunk,
-                    book=rules.book,
-                    max_attempts=rules.max_attempts,
-                    actor=ACTOR,
-                    ready_from=ready_from,
-                )
-            for result in results:
-                if not result.created:
-                    counts["existing"] += 1
-                else:
-                    counts["created"] += 1
-                    counts["suppressed"] += result.message.status == Status.FAILED
-            done += len(chunk)
-            progress.update(task, completed=done)
-    except (SQLAlchemyError, InvalidMessage, KeyboardInterrupt) as exc:
-        progress.stop()
-        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed: {exc}"
-        fail(
-            f"{why} after {done} of {len(good)} rows were written; run the same command "
-            "again to write the rest (rows already written are skipped)",
-            code=1,
-        )
+    writers = 1 if engine.dialect.name == "sqlite" else WRITERS  # SQLite: one writer at a time
+    in_flight: list[Future[list[Enqueued]]] = []
+
+    def finish_oldest() -> None:
+        nonlocal done
+        results = in_flight.pop(0).result()
+        tally(results, counts)
+        done += len(results)
+        progress.update(task, completed=done)
+
+    with ThreadPoolExecutor(max_workers=writers, thread_name_prefix="send-bulk") as pool:
+        try:
+            for start in range(0, len(good), chunk_size):
+                chunk = [message for _, message, _ in good[start : start + chunk_size]]
+                in_flight.append(pool.submit(write_chunk, engine, chunk, rules, ready_from))
+                if len(in_flight) >= writers:
+                    finish_oldest()
+            while in_flight:
+                finish_oldest()
+        except (SQLAlchemyError, InvalidMessage, KeyboardInterrupt) as exc:
+            progress.stop()
+            for pending in in_flight:  # those not started yet never will be
+                pending.cancel()
+            for pending in in_flight:  # and those running are committed or not: counted
+                if not pending.cancelled() and pending.exception() is None:
+                    done += len(pending.result())
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed: {exc}"
+            fail(
+                f"{why} after {done} of {len(good)} rows were written; run the same command "
+                "again to write the rest (rows already written are skipped)",
+                code=1,
+            )
     return counts
+
+
+# Chunks in flight at once, each in its own transaction on its own connection: the server
+# writes one while the next is built and sent.
+WRITERS = 2
+
+
+def write_chunk(
+    engine: Engine, chunk: list[NewMessage], rules: Rules, ready_from: str | None
+) -> list[Enqueued]:
+    from mailbag.services.outbox import write_many
+
+    with engine.begin() as conn:
+        return write_many(
+            conn,
+            chunk,
+            book=rules.book,
+            max_attempts=rules.max_attempts,
+            actor=ACTOR,
+            ready_from=ready_from,
+        )
+
+
+def tally(results: list[Enqueued], counts: dict[str, int]) -> None:
+    from mailbag.domain.states import Status
+
+    for result in results:
+        if not result.created:
+            counts["existing"] += 1
+        else:
+            counts["created"] += 1
+            counts["suppressed"] += result.message.status == Status.FAILED
 
 
 def progress_bar() -> Progress:
