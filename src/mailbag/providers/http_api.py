@@ -22,6 +22,7 @@ import asyncio
 import functools
 import re
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -95,6 +96,23 @@ def encode_json(payload: Mapping[str, Any] | list[Any]) -> bytes:
     return orjson.dumps(payload)
 
 
+# Each client's send URLs by path. httpx parses a path and merges it with the base URL on
+# every request (about 85 µs, an eighth of a small request's CPU), and a provider sends to
+# a handful of paths; lookups (GET) have a path per record, and are not kept.
+_SEND_URLS: Final[weakref.WeakKeyDictionary[httpx.AsyncClient, dict[str, httpx.URL]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _send_url(client: httpx.AsyncClient, path: str) -> httpx.URL:
+    """The URL httpx would send `path` to with this client, merged once."""
+    urls = _SEND_URLS.setdefault(client, {})
+    url = urls.get(path)
+    if url is None:
+        url = urls[path] = client.build_request("POST", path).url
+    return url
+
+
 async def call(
     client: httpx.AsyncClient,
     method: str,
@@ -120,7 +138,7 @@ async def call(
     try:
         request = client.build_request(
             method,
-            path,
+            _send_url(client, path) if method == "POST" else path,
             content=content,
             headers=request_headers,
             params=params,
