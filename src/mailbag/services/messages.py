@@ -172,8 +172,9 @@ class Messages:
         book = intake.book(self.settings)
         if message.template_name is not None and message.pin is None:
             # Its template version, before either path writes it (the first use is one
-            # statement): the one current now, in its locale.
-            async with self.db.connect(read_only=True) as tx:
+            # statement): the one current now, in its locale. Autocommit: the current ids
+            # are one statement, and a version's row never changes once published.
+            async with self.db.connect(read_only=True, autocommit=True) as tx:
                 (message,) = await tx.run(pinned([message], book))
         ready_from = self.settings.ready_from  # its check is the general path's
         if key is not None and ready_from is None and takes_first_use(message):

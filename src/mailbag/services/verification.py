@@ -405,7 +405,8 @@ class Verifications:
             request.data,
             request.locale,
         )
-        async with self.db.connect(read_only=True) as tx:
+        # Autocommit, as Messages.create pins: no BEGIN and ROLLBACK around the reads.
+        async with self.db.connect(read_only=True, autocommit=True) as tx:
             message = await tx.run(self._pinned(message, created["id"], 1))
         message_row = enqueue_store.first_use_row(message, now, self.settings.max_attempts)
         values = self._rotation(created["id"], 1, message_row["id"])

@@ -107,6 +107,9 @@ class Database(_Engine[Engine]):
             yield Session(conn.execution_options(**READ_ONLY) if read_only else conn)
 
 
+AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}
+
+
 class AsyncDatabase(_Engine["AsyncEngine"]):
     """Sessions on an async engine's connections."""
 
@@ -116,11 +119,17 @@ class AsyncDatabase(_Engine["AsyncEngine"]):
             yield AsyncSession(conn)
 
     @asynccontextmanager
-    async def connect(self, *, read_only: bool = False) -> AsyncIterator[AsyncSession]:
-        """A session for reads; `read_only` spares SQLite's write lock."""
+    async def connect(
+        self, *, read_only: bool = False, autocommit: bool = False
+    ) -> AsyncIterator[AsyncSession]:
+        """A session for reads; `read_only` spares SQLite's write lock. `autocommit`: each
+        statement on its own snapshot, without the BEGIN and ROLLBACK round trips around
+        them (for reads that need no snapshot in common: one statement, or rows that never
+        change once written)."""
         async with self.engine.connect() as conn:
-            if read_only:
-                conn = await conn.execution_options(**READ_ONLY)
+            options = {**(READ_ONLY if read_only else {}), **(AUTOCOMMIT if autocommit else {})}
+            if options:
+                conn = await conn.execution_options(**options)
             yield AsyncSession(conn)
 
     async def run_at_once(self, plan: Plan[T]) -> T:
