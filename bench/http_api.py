@@ -40,6 +40,8 @@ from mailbag.services.tenants import create_tenant
 CONNECTIONS = 32
 MESSAGES = "POST /v1/messages"
 VERIFICATIONS = "POST /v1/email-verifications"
+VERIFICATIONS_MANY = "POST /v1/email-verifications, 32 tenants"
+TENANTS = 32  # the many-tenant verification run: each request names one in turn
 CEILING = "ceiling (one INSERT)"
 
 # wrk: one Lua state per thread; `setup` numbers the threads so keys never repeat.
@@ -59,7 +61,7 @@ function request()
   local key = prefix .. "-" .. n
   return wrk.format("POST", PATH, {
     ["Content-Type"] = "application/json",
-    ["Authorization"] = AUTH,
+    ["Authorization"] = AUTHS[(n % #AUTHS) + 1],
     ["Idempotency-Key"] = key,
   }, string.format(BODY, key))
 end
@@ -70,6 +72,7 @@ BODIES = {
         '{"to":"u-%s@example.com","template":"welcome","data":{"name":"Ada"}}',
     ),
     VERIFICATIONS: ("/v1/email-verifications", '{"email":"v-%s@example.com"}'),
+    VERIFICATIONS_MANY: ("/v1/email-verifications", '{"email":"w-%s@example.com"}'),
     CEILING: (
         "/v1/messages",
         '{"to":"u-%s@example.com","template":"welcome","data":{"name":"Ada"}}',
@@ -77,12 +80,12 @@ BODIES = {
 }
 
 
-def _lua(target: str, api_key: str, folder: Path) -> Path:
+def _lua(target: str, api_keys: list[str], folder: Path) -> Path:
     path, body = BODIES[target]
     script = folder / f"{abs(hash(target))}.lua"
+    auths = ", ".join(json.dumps("Bearer " + key) for key in api_keys)
     script.write_text(
-        f"PATH = {json.dumps(path)}\nAUTH = {json.dumps('Bearer ' + api_key)}\n"
-        f"BODY = {json.dumps(body)}\n" + LUA
+        f"PATH = {json.dumps(path)}\nAUTHS = {{{auths}}}\nBODY = {json.dumps(body)}\n" + LUA
     )
     return script
 
@@ -213,11 +216,12 @@ def run(quick: bool) -> list[dict[str, Any]]:
     if shutil.which("wrk") is None:
         raise RuntimeError("wrk is not installed (Debian package `wrk`)")
     kind = os.environ.get("BENCH_HTTP_DATABASE", "postgresql")
-    rounds, seconds, warm = (1, 1.0, 1.0) if quick else (3, 10.0, 3.0)
+    rounds, seconds, warm = (1, 1.0, 1.0) if quick else (5, 10.0, 3.0)
     p99_seconds = 2.0 if quick else 10.0
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, scratch_database(kind, Path(tmp)) as db:
         _, api_key = create_tenant(db.engine, "bench")
+        many = [create_tenant(db.engine, f"bench-{i}")[1] for i in range(TENANTS)]
         api_port, ceiling_port = free_port(), free_port()
         api_env = _env(
             {
@@ -241,13 +245,15 @@ def run(quick: bool) -> list[dict[str, Any]]:
             bases = {
                 MESSAGES: f"http://127.0.0.1:{api_port}",
                 VERIFICATIONS: f"http://127.0.0.1:{api_port}",
+                VERIFICATIONS_MANY: f"http://127.0.0.1:{api_port}",
                 CEILING: f"http://127.0.0.1:{ceiling_port}",
             }
-            scripts = {t: _lua(t, api_key, Path(tmp)) for t in bases}
+            keys = {t: many if t == VERIFICATIONS_MANY else [api_key] for t in bases}
+            scripts = {t: _lua(t, keys[t], Path(tmp)) for t in bases}
             for target in bases:
                 wrk(bases[target], scripts[target], warm, f"warm{abs(hash(target)) % 1000}")
             measured: dict[str, list[float]] = {t: [] for t in bases}
-            order = [CEILING, MESSAGES, VERIFICATIONS]
+            order = [CEILING, MESSAGES, VERIFICATIONS, VERIFICATIONS_MANY]
             for r in range(1, rounds + 1):
                 figures: dict[str, dict[str, Any]] = {}
                 # Interleaved, the order turned each round: drift in the machine's load falls
@@ -258,7 +264,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
                     )
                     measured[target].append(figures[target]["per_second"])
                 ceiling = figures[CEILING]
-                for target in (MESSAGES, VERIFICATIONS):
+                for target in (MESSAGES, VERIFICATIONS, VERIFICATIONS_MANY):
                     got = figures[target]
                     rows.append(
                         {
