@@ -30,7 +30,7 @@ from bench.common import (
     wait_until,
     worker_env,
 )
-from bench.peers.common import cpu_seconds
+from bench.peers.common import cpu_seconds, postgres_backends
 from mailbag.domain.states import Action
 from mailbag.domain.templates import Pin
 from mailbag.store.database import make_async_engine
@@ -75,11 +75,16 @@ def drain(
         time.sleep(STARTUP_SECONDS)  # imports, migrations check, first idle poll
         # Before the seed: its idle polls count too, the claims right after its commit must.
         cpu_before = cpu_seconds([p.pid for p in processes])
+        db.engine.dispose()  # the seed's and the polls' server processes come after: not counted
+        servers = postgres_backends(db.url) if db.dialect == "postgresql" else []
+        server_before = cpu_seconds(servers)
         seed(db, n, pin=pin)
         committed = time.time()
         wait_until(lambda: counts(db).get("sent", 0) == n, timeout=900, interval=0.1)
         # Sampled once every message is sent: includes the last finalizes, not the exit.
         cpu = cpu_seconds([p.pid for p in processes]) - cpu_before
+        # The seed's own server process is not among them: it connected afterwards.
+        server_cpu = cpu_seconds(servers) - server_before
     finally:
         stop_workers(processes)
         if smtp is not None:
@@ -98,6 +103,7 @@ def drain(
         "missing": n - len(per_message),
         "provider": provider,
         "cpu_us_per_message": round(cpu * 1e6 / n, 1),
+        "postgres_cpu_us_per_message": round(server_cpu * 1e6 / n, 1),
     }
 
 

@@ -12,7 +12,8 @@ PgQueuer first in even ones, so neither always runs on a warmer server).
   benchmark tool runs it; its job renders the same template with Jinja).
 
 Both clocks run from the COMMIT that makes every message visible to the last hand-off
-the sink noted; `*_cpu_us` is the worker processes' CPU time over the drain per message.
+the sink noted; `*_cpu_us` is the worker processes' CPU time over the drain per message,
+`*_postgres_cpu_us` the CPU time of the PostgreSQL server processes serving them.
 A row per (round, workers): both rates, their ratio (mailbag / PgQueuer), and both
 sides' duplicates and missing, which must be 0.
 """
@@ -25,7 +26,7 @@ from typing import Any
 from bench import dispatch
 from bench.peers import pgqueuer_peer
 
-FULL = {"jobs": 20_000, "rounds": 3, "workers": (1, 2)}
+FULL = {"jobs": 20_000, "rounds": 5, "workers": (1, 2)}
 QUICK = {"jobs": 300, "rounds": 1, "workers": (1,)}
 
 
@@ -61,6 +62,8 @@ def run(quick: bool) -> list[dict[str, Any]]:
                     "ratio": round(ours["per_second"] / max(peer["per_second"], 1e-9), 3),
                     "mailbag_cpu_us": ours["cpu_us_per_message"],
                     "pgqueuer_cpu_us": peer["cpu_us_per_job"],
+                    "mailbag_postgres_cpu_us": ours["postgres_cpu_us_per_message"],
+                    "pgqueuer_postgres_cpu_us": peer["server_cpu_us_per_job"],
                     "mailbag_duplicates": ours["duplicates"],
                     "mailbag_missing": ours["missing"],
                     "pgqueuer_duplicates": peer["duplicates"],

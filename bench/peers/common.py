@@ -56,6 +56,8 @@ class PeerResult:
     missing: int  # enqueued ids never handed off
     startup_seconds: float = 0.0  # first worker spawned -> first hand-off
     cpu_us_per_job: float = 0.0  # the workers' CPU time during the drain, per job (drain_idle)
+    # The PostgreSQL server processes' CPU time serving the workers, per job (drain_idle).
+    server_cpu_us_per_job: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -380,6 +382,19 @@ def cpu_seconds(pids: Sequence[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def postgres_backends(url: str) -> list[int]:
+    """The PostgreSQL server processes serving the database of `url` now (this query's own
+    left out): on the same machine, their CPU time is the server's share of the work."""
+    import psycopg
+
+    with psycopg.connect(plain_postgres_url(url)) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return [pid for (pid,) in rows]
+
+
 def drain_idle(
     peer: str,
     jobs: Sequence[Job],
@@ -389,10 +404,13 @@ def drain_idle(
     timeout: float = 600.0,
     *,
     startup: float = 3.0,
+    database_url: str | None = None,
 ) -> PeerResult:
     """As mailbag's dispatch benchmark times itself (bench/dispatch.py): start the workers,
     let them come up and wait idle for `startup` seconds, then `enqueue` every job in one
-    committed transaction; the clock runs from that commit to the last hand-off."""
+    committed transaction; the clock runs from that commit to the last hand-off.
+    `database_url`: the PostgreSQL database the workers use, whose server processes' CPU
+    is measured too."""
     workdir = Path(tempfile.mkdtemp(prefix=f"bench_peer_{peer}_"))
     sink_dir = workdir / "sink"
     sink_dir.mkdir()
@@ -400,17 +418,25 @@ def drain_idle(
     procs = start_workers(commands, worker_env(sink_dir, env), workdir)
     try:
         time.sleep(startup)
+        servers = postgres_backends(database_url) if database_url else []
         cpu_before = cpu_seconds([p.pid for p in procs])
+        server_before = cpu_seconds(servers)
         enqueue()
         committed = time.time()
         finished = wait_for_distinct(sink_dir, len(expected), timeout, procs)
         cpu = cpu_seconds([p.pid for p in procs]) - cpu_before
+        server_cpu = cpu_seconds(servers) - server_before
     except WorkerDied as exc:
         raise WorkerDied(f"{peer}: {exc}; logs in {workdir}:\n{_log_tail(workdir)}") from exc
     finally:
         stop_workers(procs)
     result = tally(peer, len(commands), expected, sink.read_all(sink_dir), committed)
-    result = replace(result, cpu_us_per_job=round(cpu * 1e6 / max(len(expected), 1), 1))
+    per_job = 1e6 / max(len(expected), 1)
+    result = replace(
+        result,
+        cpu_us_per_job=round(cpu * per_job, 1),
+        server_cpu_us_per_job=round(server_cpu * per_job, 1),
+    )
     if not finished:
         print(f"{peer}: timed out after {timeout}s; logs kept in {workdir}", file=sys.stderr)
     else:

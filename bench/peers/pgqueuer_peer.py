@@ -117,6 +117,7 @@ def run(
             {URL_ENV: url},
             timeout,
             startup=startup,
+            database_url=url,
         )
 
 
