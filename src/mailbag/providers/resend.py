@@ -112,7 +112,7 @@ def tag_text(value: str) -> str:
 
 
 def _mailboxes(addresses: Sequence[Address]) -> list[str]:
-    return [mailbox(PROVIDER, a.address, a.name) for a in addresses]
+    return [mailbox(PROVIDER, a.address, a.name) for a in addresses] if addresses else []
 
 
 def message_payload(email: OutgoingEmail) -> dict[str, Any]:
