@@ -167,10 +167,10 @@ def message_payload(email: OutgoingEmail, message_stream: str) -> dict[str, Any]
 def _calls(payloads: Sequence[tuple[int, dict[str, Any]]]) -> Iterator[tuple[list[int], bytes]]:
     """Built payloads cut into calls within Postmark's limits, 500 messages and 50 MB a
     call: each call's indexes and its body (one message: its object; several: their
-    list). Each 500 are written at once (one orjson call costs as much as a small payload
-    does) and are a call when within 50 MB; from the first 500 that are not, each payload
-    is written alone and the calls are cut by size (`_sized_calls`), so the cut is the
-    same as if every payload had been written alone."""
+    list). Each 500 are written at once (an orjson call costs about 1 µs beyond its
+    bytes, as much as a small payload's) and are a call when within 50 MB; from the first
+    500 that are not, each payload is written alone and the calls are cut by size
+    (`_sized_calls`), so the cut is the same as if every payload had been written alone."""
     for start in range(0, len(payloads), MAX_BATCH):
         chunk = payloads[start : start + MAX_BATCH]
         if len(chunk) == 1:
