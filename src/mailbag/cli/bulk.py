@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
     from mailbag.domain.message import NewMessage
     from mailbag.services.intake import Rules
+    from mailbag.services.outbox import Enqueued
     from mailbag.settings import Settings
-    from mailbag.store.enqueue import Enqueued
     from mailbag.templates.book import Book
 
 # Columns that address the message; every other column is template data.
