@@ -44,7 +44,12 @@ Probe = Callable[[str], Awaitable[None]]  # sends NOTIFY with this payload on th
 
 
 def libpq_url(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    """The URL as libpq takes it: the driver named plainly, without psycopg's own
+    `prepare_threshold` (connect_args passes that to psycopg; libpq refuses the URL)."""
+    plain = make_url(url).set(drivername="postgresql")
+    return plain.difference_update_query(["prepare_threshold"]).render_as_string(
+        hide_password=False
+    )
 
 
 async def notify(conn: AsyncConnection, channel: str, payload: str) -> None:
