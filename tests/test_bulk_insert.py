@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select
 
-from conftest import TestDB
 from mailbag.domain.ids import uuid7
 from mailbag.store.bulk_insert import insert_rows
 from mailbag.store.message_transitions import om
 from mailbag.store.plan import Plan, current_dialect
 from mailbag.store.session import Session
+
+from conftest import TestDB
 
 NOW = datetime(2026, 12, 3, 9, 30, 15, 123456, tzinfo=UTC)
 
@@ -116,7 +117,6 @@ def test_what_orjson_cannot_write_goes_by_the_executemany(db: TestDB) -> None:
 
 
 def test_a_naive_time_is_refused_on_every_path(db: TestDB) -> None:
-    with pytest.raises(Exception, match="aware datetimes only"):
-        with db.engine.begin() as conn:
-            Session(conn).run(_write([_row("naive", created_at=NOW.replace(tzinfo=None))]))
+    with pytest.raises(Exception, match="aware datetimes only"), db.engine.begin() as conn:
+        Session(conn).run(_write([_row("naive", created_at=NOW.replace(tzinfo=None))]))
     assert _stored(db) == {}

@@ -7,8 +7,9 @@ import asyncio
 import pytest
 import structlog
 
-from conftest import TestDB
 from mailbag.store.listen import libpq_url, listen
+
+from conftest import TestDB
 
 
 @pytest.mark.parametrize("db", ["postgresql"], indirect=True)
