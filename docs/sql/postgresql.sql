@@ -2423,36 +2423,42 @@ DELETE FROM hook_endpoints WHERE hook_endpoints.id = :id;
 -- Take up to `limit` due deliveries of enabled, unpaused endpoints under one claim token, oldest
 -- due first, each endpoint's no more than its room (`Fairness`); other claimers skip what this one
 -- locked (see transition.py).
--- step 1 of 3
-SELECT hook_deliveries.id, hook_deliveries.endpoint_id, room.room
-FROM hook_deliveries JOIN (SELECT hook_endpoints.id AS endpoint_id,
-    CASE WHEN (hook_endpoints.failures_in_row >= :failures_in_row) THEN :room ELSE :room_2 END -
-    coalesce(in_flight.n, :coalesce) AS room
+-- step 1 of 5
+WITH room AS MATERIALIZED
+(SELECT hook_endpoints.id AS endpoint_id, CASE
+    WHEN (hook_endpoints.failures_in_row >= :failures_in_row) THEN :room
+    ELSE :room_2 END - coalesce(in_flight.n, :coalesce) AS room
 FROM hook_endpoints LEFT OUTER JOIN (SELECT hook_deliveries.endpoint_id AS endpoint_id,
     count(*) AS n
 FROM hook_deliveries
 WHERE hook_deliveries.status IN ('processing')
 GROUP BY hook_deliveries.endpoint_id) AS in_flight ON in_flight.endpoint_id = hook_endpoints.id
 WHERE hook_endpoints.enabled = true
-    AND (hook_endpoints.paused_until IS NULL OR hook_endpoints.paused_until <= :paused_until)
-    AND CASE WHEN (hook_endpoints.failures_in_row >= :failures_in_row) THEN :room
-    ELSE :room_2 END - coalesce(in_flight.n,
-    :coalesce) > :value) AS room ON room.endpoint_id = hook_deliveries.endpoint_id
-WHERE hook_deliveries.status IN ('pending', 'retrying')
-    AND hook_deliveries.next_attempt_at <= :next_attempt_at
-ORDER BY hook_deliveries.next_attempt_at, hook_deliveries.id
-LIMIT :limit;
--- step 2 of 3
+    AND (hook_endpoints.paused_until IS NULL OR hook_endpoints.paused_until <= :now) AND CASE
+    WHEN (hook_endpoints.failures_in_row >= :failures_in_row) THEN :room
+    ELSE :room_2 END - coalesce(in_flight.n, :coalesce) > :value)
+SELECT hook_deliveries.id, hook_deliveries.endpoint_id, (SELECT room.room
+FROM room
+WHERE room.endpoint_id = hook_deliveries.endpoint_id) AS room
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('pending', 'retrying') AND hook_deliveries.next_attempt_at <= :now
+    AND hook_deliveries.endpoint_id = ANY (CAST((SELECT array_agg(room.endpoint_id) AS array_agg_1
+FROM room) AS UUID[])) ORDER BY hook_deliveries.next_attempt_at, hook_deliveries.id
+LIMIT least(:window, (SELECT coalesce(sum(room.room), :coalesce_2) AS coalesce_2
+FROM room) * :value_2);
+-- step 2 of 5
+BEGIN;
+-- step 3 of 5
 WITH locked AS
 (SELECT hook_deliveries.id AS id, hook_deliveries.status AS previous_state
 FROM hook_deliveries
-WHERE hook_deliveries.status IN ('pending', 'retrying') AND hook_deliveries.id IN (:id_1)
-    AND hook_deliveries.next_attempt_at <= :next_attempt_at
-ORDER BY hook_deliveries.next_attempt_at, hook_deliveries.id
-LIMIT :limit FOR UPDATE SKIP LOCKED),
+WHERE hook_deliveries.status IN ('pending', 'retrying')
+    AND hook_deliveries.id = ANY (CAST(:ids AS UUID[])) AND hook_deliveries.next_attempt_at <= :now
+ORDER BY hook_deliveries.id
+FOR UPDATE SKIP LOCKED),
 updated AS
 (UPDATE hook_deliveries
-SET status='processing', updated_at=:updated_at, claim_token=:claim_token, claimed_by=:claimed_by,
+SET status='processing', updated_at=:now, claim_token=:claim_token, claimed_by=:claimed_by,
     lease_expires_at=:lease_expires_at
 FROM locked
 WHERE hook_deliveries.id = locked.id
@@ -2467,7 +2473,7 @@ logged AS
 (INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, detail,
     status_code, attempt)
 SELECT updated.id AS id, updated.previous_state AS previous_state, updated.status AS status,
-    :at AS anon_1, :actor AS anon_2, :detail AS anon_3,
+    :now AS anon_1, :actor AS anon_2, :detail AS anon_3,
     updated.last_status_code AS last_status_code, updated.attempts + :attempts AS anon_4
 FROM updated)
 SELECT updated.id, updated.endpoint_id, updated.tenant_id, updated.event, updated.message_id,
@@ -2476,10 +2482,12 @@ SELECT updated.id, updated.endpoint_id, updated.tenant_id, updated.event, update
     updated.claim_token, updated.claimed_by, updated.lease_expires_at, updated.last_status_code,
     updated.last_error, updated.previous_state
 FROM updated;
--- step 3 of 3
+-- step 4 of 5
 SELECT hook_endpoints.id, hook_endpoints.url, hook_endpoints.secret
 FROM hook_endpoints
-WHERE hook_endpoints.id IN (:id_1);
+WHERE hook_endpoints.id = ANY (CAST(:ids AS UUID[]));
+-- step 5 of 5
+COMMIT;
 
 -- name: hooks.finalize --
 -- Record each attempt where the claim is still `token`'s; return the deliveries changed (one swept
@@ -2487,13 +2495,17 @@ WHERE hook_endpoints.id IN (:id_1);
 WITH locked AS
 (SELECT hook_deliveries.id AS id, hook_deliveries.status AS previous_state
 FROM hook_deliveries
-WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id = :id
-    AND hook_deliveries.claim_token = :claim_token FOR UPDATE),
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id = ANY (CAST(:ids AS UUID[]))
+    AND hook_deliveries.claim_token = (CAST(:claim_token AS UUID[]))[array_position(CAST(:ids AS
+    UUID[]), hook_deliveries.id)] FOR UPDATE),
 updated AS
 (UPDATE hook_deliveries
-SET status='delivered', attempts=(hook_deliveries.attempts + :attempts), updated_at=:updated_at,
-    delivered_at=:delivered_at, claim_token=:claim_token_2, claimed_by=:claimed_by,
-    lease_expires_at=:lease_expires_at, last_status_code=:last_status_code, last_error=:last_error
+SET status='delivered', attempts=(hook_deliveries.attempts + :attempts), updated_at=:now,
+    delivered_at=:now, claim_token=:claim_token_2, claimed_by=:claimed_by,
+    lease_expires_at=:lease_expires_at,
+    last_status_code=((CAST(:status_code AS INTEGER[]))[array_position(CAST(:ids AS UUID[]),
+    hook_deliveries.id)]), last_error=((CAST(:last_error AS
+    VARCHAR(2000)[]))[array_position(CAST(:ids AS UUID[]), hook_deliveries.id)])
 FROM locked
 WHERE hook_deliveries.id = locked.id
 RETURNING hook_deliveries.id, hook_deliveries.endpoint_id, hook_deliveries.tenant_id,
@@ -2507,7 +2519,7 @@ logged AS
 (INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, detail,
     status_code, attempt)
 SELECT updated.id AS id, updated.previous_state AS previous_state, updated.status AS status,
-    :at AS anon_1, :actor AS anon_2, substr(updated.last_error, :substr, :substr_2) AS substr_1,
+    :now AS anon_1, :actor AS anon_2, substr(updated.last_error, :substr, :substr_2) AS substr_1,
     updated.last_status_code AS last_status_code, updated.attempts + :attempts_2 AS anon_3
 FROM updated)
 SELECT updated.id, updated.endpoint_id, updated.tenant_id, updated.event, updated.message_id,
@@ -2523,14 +2535,19 @@ FROM updated;
 WITH locked AS
 (SELECT hook_deliveries.id AS id, hook_deliveries.status AS previous_state
 FROM hook_deliveries
-WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id = :id
-    AND hook_deliveries.claim_token = :claim_token FOR UPDATE),
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id = ANY (CAST(:ids AS UUID[]))
+    AND hook_deliveries.claim_token = (CAST(:claim_token AS UUID[]))[array_position(CAST(:ids AS
+    UUID[]), hook_deliveries.id)] FOR UPDATE),
 updated AS
 (UPDATE hook_deliveries
 SET status='retrying', attempts=(hook_deliveries.attempts + :attempts),
-    next_attempt_at=:next_attempt_at, updated_at=:updated_at, claim_token=:claim_token_2,
-    claimed_by=:claimed_by, lease_expires_at=:lease_expires_at, last_status_code=:last_status_code,
-    last_error=:last_error
+    next_attempt_at=coalesce((CAST(:next_attempt_at AS TIMESTAMP WITH TIME
+    ZONE[]))[array_position(CAST(:ids AS UUID[]), hook_deliveries.id)],
+    hook_deliveries.next_attempt_at), updated_at=:now, claim_token=:claim_token_2,
+    claimed_by=:claimed_by, lease_expires_at=:lease_expires_at,
+    last_status_code=((CAST(:status_code AS INTEGER[]))[array_position(CAST(:ids AS UUID[]),
+    hook_deliveries.id)]), last_error=((CAST(:last_error AS
+    VARCHAR(2000)[]))[array_position(CAST(:ids AS UUID[]), hook_deliveries.id)])
 FROM locked
 WHERE hook_deliveries.id = locked.id
 RETURNING hook_deliveries.id, hook_deliveries.endpoint_id, hook_deliveries.tenant_id,
@@ -2544,7 +2561,7 @@ logged AS
 (INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, detail,
     status_code, attempt)
 SELECT updated.id AS id, updated.previous_state AS previous_state, updated.status AS status,
-    :at AS anon_1, :actor AS anon_2, substr(updated.last_error, :substr, :substr_2) AS substr_1,
+    :now AS anon_1, :actor AS anon_2, substr(updated.last_error, :substr, :substr_2) AS substr_1,
     updated.last_status_code AS last_status_code, updated.attempts + :attempts_2 AS anon_3
 FROM updated)
 SELECT updated.id, updated.endpoint_id, updated.tenant_id, updated.event, updated.message_id,
@@ -2563,6 +2580,289 @@ FROM hook_endpoints
 WHERE hook_endpoints.id = :id;
 -- step 4 of 4
 UPDATE hook_endpoints SET paused_until=:paused_until WHERE hook_endpoints.id = :id;
+
+-- name: hooks.finalize_claims --
+-- `finalize` for the attempts of several claims (by claim token) at once: one UPDATE for each kind
+-- of outcome, however many deliveries and claims, each row guarded by its own claim's token and
+-- given its own status code, error and due time (`PerDelivery`).
+-- step 1 of 2
+WITH locked AS
+(SELECT hook_deliveries.id AS id, hook_deliveries.status AS previous_state
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id = ANY (CAST(:ids AS UUID[]))
+    AND hook_deliveries.claim_token = (CAST(:claim_token AS UUID[]))[array_position(CAST(:ids AS
+    UUID[]), hook_deliveries.id)] FOR UPDATE),
+updated AS
+(UPDATE hook_deliveries
+SET status='delivered', attempts=(hook_deliveries.attempts + :attempts), updated_at=:now,
+    delivered_at=:now, claim_token=:claim_token_2, claimed_by=:claimed_by,
+    lease_expires_at=:lease_expires_at,
+    last_status_code=((CAST(:status_code AS INTEGER[]))[array_position(CAST(:ids AS UUID[]),
+    hook_deliveries.id)]), last_error=((CAST(:last_error AS
+    VARCHAR(2000)[]))[array_position(CAST(:ids AS UUID[]), hook_deliveries.id)])
+FROM locked
+WHERE hook_deliveries.id = locked.id
+RETURNING hook_deliveries.id, hook_deliveries.endpoint_id, hook_deliveries.tenant_id,
+    hook_deliveries.event, hook_deliveries.message_id, hook_deliveries.webhook_id,
+    hook_deliveries.payload, hook_deliveries.status, hook_deliveries.attempts,
+    hook_deliveries.max_attempts, hook_deliveries.next_attempt_at, hook_deliveries.created_at,
+    hook_deliveries.updated_at, hook_deliveries.delivered_at, hook_deliveries.claim_token,
+    hook_deliveries.claimed_by, hook_deliveries.lease_expires_at, hook_deliveries.last_status_code,
+    hook_deliveries.last_error, locked.previous_state),
+logged AS
+(INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, detail,
+    status_code, attempt)
+SELECT updated.id AS id, updated.previous_state AS previous_state, updated.status AS status,
+    :now AS anon_1, :actor AS anon_2, substr(updated.last_error, :substr, :substr_2) AS substr_1,
+    updated.last_status_code AS last_status_code, updated.attempts + :attempts_2 AS anon_3
+FROM updated)
+SELECT updated.id, updated.endpoint_id, updated.tenant_id, updated.event, updated.message_id,
+    updated.webhook_id, updated.payload, updated.status, updated.attempts, updated.max_attempts,
+    updated.next_attempt_at, updated.created_at, updated.updated_at, updated.delivered_at,
+    updated.claim_token, updated.claimed_by, updated.lease_expires_at, updated.last_status_code,
+    updated.last_error, updated.previous_state
+FROM updated;
+-- step 2 of 2
+WITH locked AS
+(SELECT hook_deliveries.id AS id, hook_deliveries.status AS previous_state
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id = ANY (CAST(:ids AS UUID[]))
+    AND hook_deliveries.claim_token = (CAST(:claim_token AS UUID[]))[array_position(CAST(:ids AS
+    UUID[]), hook_deliveries.id)] FOR UPDATE),
+updated AS
+(UPDATE hook_deliveries
+SET status='retrying', attempts=(hook_deliveries.attempts + :attempts),
+    next_attempt_at=coalesce((CAST(:next_attempt_at AS TIMESTAMP WITH TIME
+    ZONE[]))[array_position(CAST(:ids AS UUID[]), hook_deliveries.id)],
+    hook_deliveries.next_attempt_at), updated_at=:now, claim_token=:claim_token_2,
+    claimed_by=:claimed_by, lease_expires_at=:lease_expires_at,
+    last_status_code=((CAST(:status_code AS INTEGER[]))[array_position(CAST(:ids AS UUID[]),
+    hook_deliveries.id)]), last_error=((CAST(:last_error AS
+    VARCHAR(2000)[]))[array_position(CAST(:ids AS UUID[]), hook_deliveries.id)])
+FROM locked
+WHERE hook_deliveries.id = locked.id
+RETURNING hook_deliveries.id, hook_deliveries.endpoint_id, hook_deliveries.tenant_id,
+    hook_deliveries.event, hook_deliveries.message_id, hook_deliveries.webhook_id,
+    hook_deliveries.payload, hook_deliveries.status, hook_deliveries.attempts,
+    hook_deliveries.max_attempts, hook_deliveries.next_attempt_at, hook_deliveries.created_at,
+    hook_deliveries.updated_at, hook_deliveries.delivered_at, hook_deliveries.claim_token,
+    hook_deliveries.claimed_by, hook_deliveries.lease_expires_at, hook_deliveries.last_status_code,
+    hook_deliveries.last_error, locked.previous_state),
+logged AS
+(INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, detail,
+    status_code, attempt)
+SELECT updated.id AS id, updated.previous_state AS previous_state, updated.status AS status,
+    :now AS anon_1, :actor AS anon_2, substr(updated.last_error, :substr, :substr_2) AS substr_1,
+    updated.last_status_code AS last_status_code, updated.attempts + :attempts_2 AS anon_3
+FROM updated)
+SELECT updated.id, updated.endpoint_id, updated.tenant_id, updated.event, updated.message_id,
+    updated.webhook_id, updated.payload, updated.status, updated.attempts, updated.max_attempts,
+    updated.next_attempt_at, updated.created_at, updated.updated_at, updated.delivered_at,
+    updated.claim_token, updated.claimed_by, updated.lease_expires_at, updated.last_status_code,
+    updated.last_error, updated.previous_state
+FROM updated;
+
+-- name: hooks.settle_claims --
+-- `settle` for the attempts of several claims (by claim token) at once.
+-- step 1 of 3
+WITH locked AS
+(SELECT hook_deliveries.id AS id, hook_deliveries.status AS previous_state
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id = ANY (CAST(:ids AS UUID[]))
+    AND hook_deliveries.claim_token = (CAST(:claim_token AS UUID[]))[array_position(CAST(:ids AS
+    UUID[]), hook_deliveries.id)] FOR UPDATE),
+updated AS
+(UPDATE hook_deliveries
+SET status='delivered', attempts=(hook_deliveries.attempts + :attempts), updated_at=:now,
+    delivered_at=:now, claim_token=:claim_token_2, claimed_by=:claimed_by,
+    lease_expires_at=:lease_expires_at,
+    last_status_code=((CAST(:status_code AS INTEGER[]))[array_position(CAST(:ids AS UUID[]),
+    hook_deliveries.id)]), last_error=((CAST(:last_error AS
+    VARCHAR(2000)[]))[array_position(CAST(:ids AS UUID[]), hook_deliveries.id)])
+FROM locked
+WHERE hook_deliveries.id = locked.id
+RETURNING hook_deliveries.id, hook_deliveries.endpoint_id, hook_deliveries.tenant_id,
+    hook_deliveries.event, hook_deliveries.message_id, hook_deliveries.webhook_id,
+    hook_deliveries.payload, hook_deliveries.status, hook_deliveries.attempts,
+    hook_deliveries.max_attempts, hook_deliveries.next_attempt_at, hook_deliveries.created_at,
+    hook_deliveries.updated_at, hook_deliveries.delivered_at, hook_deliveries.claim_token,
+    hook_deliveries.claimed_by, hook_deliveries.lease_expires_at, hook_deliveries.last_status_code,
+    hook_deliveries.last_error, locked.previous_state),
+logged AS
+(INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, detail,
+    status_code, attempt)
+SELECT updated.id AS id, updated.previous_state AS previous_state, updated.status AS status,
+    :now AS anon_1, :actor AS anon_2, substr(updated.last_error, :substr, :substr_2) AS substr_1,
+    updated.last_status_code AS last_status_code, updated.attempts + :attempts_2 AS anon_3
+FROM updated)
+SELECT updated.id, updated.endpoint_id, updated.tenant_id, updated.event, updated.message_id,
+    updated.webhook_id, updated.payload, updated.status, updated.attempts, updated.max_attempts,
+    updated.next_attempt_at, updated.created_at, updated.updated_at, updated.delivered_at,
+    updated.claim_token, updated.claimed_by, updated.lease_expires_at, updated.last_status_code,
+    updated.last_error, updated.previous_state
+FROM updated;
+-- step 2 of 3
+WITH locked AS
+(SELECT hook_deliveries.id AS id, hook_deliveries.status AS previous_state
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id = ANY (CAST(:ids AS UUID[]))
+    AND hook_deliveries.claim_token = (CAST(:claim_token AS UUID[]))[array_position(CAST(:ids AS
+    UUID[]), hook_deliveries.id)] FOR UPDATE),
+updated AS
+(UPDATE hook_deliveries
+SET status='retrying', attempts=(hook_deliveries.attempts + :attempts),
+    next_attempt_at=coalesce((CAST(:next_attempt_at AS TIMESTAMP WITH TIME
+    ZONE[]))[array_position(CAST(:ids AS UUID[]), hook_deliveries.id)],
+    hook_deliveries.next_attempt_at), updated_at=:now, claim_token=:claim_token_2,
+    claimed_by=:claimed_by, lease_expires_at=:lease_expires_at,
+    last_status_code=((CAST(:status_code AS INTEGER[]))[array_position(CAST(:ids AS UUID[]),
+    hook_deliveries.id)]), last_error=((CAST(:last_error AS
+    VARCHAR(2000)[]))[array_position(CAST(:ids AS UUID[]), hook_deliveries.id)])
+FROM locked
+WHERE hook_deliveries.id = locked.id
+RETURNING hook_deliveries.id, hook_deliveries.endpoint_id, hook_deliveries.tenant_id,
+    hook_deliveries.event, hook_deliveries.message_id, hook_deliveries.webhook_id,
+    hook_deliveries.payload, hook_deliveries.status, hook_deliveries.attempts,
+    hook_deliveries.max_attempts, hook_deliveries.next_attempt_at, hook_deliveries.created_at,
+    hook_deliveries.updated_at, hook_deliveries.delivered_at, hook_deliveries.claim_token,
+    hook_deliveries.claimed_by, hook_deliveries.lease_expires_at, hook_deliveries.last_status_code,
+    hook_deliveries.last_error, locked.previous_state),
+logged AS
+(INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, detail,
+    status_code, attempt)
+SELECT updated.id AS id, updated.previous_state AS previous_state, updated.status AS status,
+    :now AS anon_1, :actor AS anon_2, substr(updated.last_error, :substr, :substr_2) AS substr_1,
+    updated.last_status_code AS last_status_code, updated.attempts + :attempts_2 AS anon_3
+FROM updated)
+SELECT updated.id, updated.endpoint_id, updated.tenant_id, updated.event, updated.message_id,
+    updated.webhook_id, updated.payload, updated.status, updated.attempts, updated.max_attempts,
+    updated.next_attempt_at, updated.created_at, updated.updated_at, updated.delivered_at,
+    updated.claim_token, updated.claimed_by, updated.lease_expires_at, updated.last_status_code,
+    updated.last_error, updated.previous_state
+FROM updated;
+-- step 3 of 3
+UPDATE hook_endpoints
+SET failures_in_row=:failures_in_row, paused_until=:paused_until
+WHERE hook_endpoints.id IN (SELECT hook_deliveries.endpoint_id
+FROM hook_deliveries
+WHERE hook_deliveries.id = ANY (CAST(:ids AS UUID[]))
+    AND hook_deliveries.status IN ('delivered')) AND (hook_endpoints.failures_in_row !=
+    :failures_in_row_2 OR hook_endpoints.paused_until IS NOT NULL);
+
+-- name: hooks.turn --
+-- The deliverer's transaction: record the attempts of these claims that finished (`settle_claims`),
+-- then claim up to `limit` more (`claim`); the claim sees the room the recording made (a finished
+-- delivery counts in flight until it is recorded).
+-- step 1 of 7
+BEGIN;
+-- step 2 of 7
+WITH locked AS
+(SELECT hook_deliveries.id AS id, hook_deliveries.status AS previous_state
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id = ANY (CAST(:ids AS UUID[]))
+    AND hook_deliveries.claim_token = (CAST(:claim_token AS UUID[]))[array_position(CAST(:ids AS
+    UUID[]), hook_deliveries.id)] FOR UPDATE),
+updated AS
+(UPDATE hook_deliveries
+SET status='delivered', attempts=(hook_deliveries.attempts + :attempts), updated_at=:now,
+    delivered_at=:now, claim_token=:claim_token_2, claimed_by=:claimed_by,
+    lease_expires_at=:lease_expires_at,
+    last_status_code=((CAST(:status_code AS INTEGER[]))[array_position(CAST(:ids AS UUID[]),
+    hook_deliveries.id)]), last_error=((CAST(:last_error AS
+    VARCHAR(2000)[]))[array_position(CAST(:ids AS UUID[]), hook_deliveries.id)])
+FROM locked
+WHERE hook_deliveries.id = locked.id
+RETURNING hook_deliveries.id, hook_deliveries.endpoint_id, hook_deliveries.tenant_id,
+    hook_deliveries.event, hook_deliveries.message_id, hook_deliveries.webhook_id,
+    hook_deliveries.payload, hook_deliveries.status, hook_deliveries.attempts,
+    hook_deliveries.max_attempts, hook_deliveries.next_attempt_at, hook_deliveries.created_at,
+    hook_deliveries.updated_at, hook_deliveries.delivered_at, hook_deliveries.claim_token,
+    hook_deliveries.claimed_by, hook_deliveries.lease_expires_at, hook_deliveries.last_status_code,
+    hook_deliveries.last_error, locked.previous_state),
+logged AS
+(INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, detail,
+    status_code, attempt)
+SELECT updated.id AS id, updated.previous_state AS previous_state, updated.status AS status,
+    :now AS anon_1, :actor AS anon_2, substr(updated.last_error, :substr, :substr_2) AS substr_1,
+    updated.last_status_code AS last_status_code, updated.attempts + :attempts_2 AS anon_3
+FROM updated)
+SELECT updated.id, updated.endpoint_id, updated.tenant_id, updated.event, updated.message_id,
+    updated.webhook_id, updated.payload, updated.status, updated.attempts, updated.max_attempts,
+    updated.next_attempt_at, updated.created_at, updated.updated_at, updated.delivered_at,
+    updated.claim_token, updated.claimed_by, updated.lease_expires_at, updated.last_status_code,
+    updated.last_error, updated.previous_state
+FROM updated;
+-- step 3 of 7
+UPDATE hook_endpoints
+SET failures_in_row=:failures_in_row, paused_until=:paused_until
+WHERE hook_endpoints.id IN (SELECT hook_deliveries.endpoint_id
+FROM hook_deliveries
+WHERE hook_deliveries.id = ANY (CAST(:ids AS UUID[]))
+    AND hook_deliveries.status IN ('delivered')) AND (hook_endpoints.failures_in_row !=
+    :failures_in_row_2 OR hook_endpoints.paused_until IS NOT NULL);
+-- step 4 of 7
+WITH room AS MATERIALIZED
+(SELECT hook_endpoints.id AS endpoint_id, CASE
+    WHEN (hook_endpoints.failures_in_row >= :failures_in_row) THEN :room
+    ELSE :room_2 END - coalesce(in_flight.n, :coalesce) AS room
+FROM hook_endpoints LEFT OUTER JOIN (SELECT hook_deliveries.endpoint_id AS endpoint_id,
+    count(*) AS n
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing')
+GROUP BY hook_deliveries.endpoint_id) AS in_flight ON in_flight.endpoint_id = hook_endpoints.id
+WHERE hook_endpoints.enabled = true
+    AND (hook_endpoints.paused_until IS NULL OR hook_endpoints.paused_until <= :now) AND CASE
+    WHEN (hook_endpoints.failures_in_row >= :failures_in_row) THEN :room
+    ELSE :room_2 END - coalesce(in_flight.n, :coalesce) > :value)
+SELECT hook_deliveries.id, hook_deliveries.endpoint_id, (SELECT room.room
+FROM room
+WHERE room.endpoint_id = hook_deliveries.endpoint_id) AS room
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('pending', 'retrying') AND hook_deliveries.next_attempt_at <= :now
+    AND hook_deliveries.endpoint_id = ANY (CAST((SELECT array_agg(room.endpoint_id) AS array_agg_1
+FROM room) AS UUID[])) ORDER BY hook_deliveries.next_attempt_at, hook_deliveries.id
+LIMIT least(:window, (SELECT coalesce(sum(room.room), :coalesce_2) AS coalesce_2
+FROM room) * :value_2);
+-- step 5 of 7
+WITH locked AS
+(SELECT hook_deliveries.id AS id, hook_deliveries.status AS previous_state
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('pending', 'retrying')
+    AND hook_deliveries.id = ANY (CAST(:ids AS UUID[])) AND hook_deliveries.next_attempt_at <= :now
+ORDER BY hook_deliveries.id
+FOR UPDATE SKIP LOCKED),
+updated AS
+(UPDATE hook_deliveries
+SET status='processing', updated_at=:now, claim_token=:claim_token, claimed_by=:claimed_by,
+    lease_expires_at=:lease_expires_at
+FROM locked
+WHERE hook_deliveries.id = locked.id
+RETURNING hook_deliveries.id, hook_deliveries.endpoint_id, hook_deliveries.tenant_id,
+    hook_deliveries.event, hook_deliveries.message_id, hook_deliveries.webhook_id,
+    hook_deliveries.payload, hook_deliveries.status, hook_deliveries.attempts,
+    hook_deliveries.max_attempts, hook_deliveries.next_attempt_at, hook_deliveries.created_at,
+    hook_deliveries.updated_at, hook_deliveries.delivered_at, hook_deliveries.claim_token,
+    hook_deliveries.claimed_by, hook_deliveries.lease_expires_at, hook_deliveries.last_status_code,
+    hook_deliveries.last_error, locked.previous_state),
+logged AS
+(INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, detail,
+    status_code, attempt)
+SELECT updated.id AS id, updated.previous_state AS previous_state, updated.status AS status,
+    :now AS anon_1, :actor AS anon_2, :detail AS anon_3,
+    updated.last_status_code AS last_status_code, updated.attempts + :attempts AS anon_4
+FROM updated)
+SELECT updated.id, updated.endpoint_id, updated.tenant_id, updated.event, updated.message_id,
+    updated.webhook_id, updated.payload, updated.status, updated.attempts, updated.max_attempts,
+    updated.next_attempt_at, updated.created_at, updated.updated_at, updated.delivered_at,
+    updated.claim_token, updated.claimed_by, updated.lease_expires_at, updated.last_status_code,
+    updated.last_error, updated.previous_state
+FROM updated;
+-- step 6 of 7
+SELECT hook_endpoints.id, hook_endpoints.url, hook_endpoints.secret
+FROM hook_endpoints
+WHERE hook_endpoints.id = ANY (CAST(:ids AS UUID[]));
+-- step 7 of 7
+COMMIT;
 
 -- name: hooks.sweep --
 -- Deliveries whose lease ran out (their worker died or hung mid-POST) go back to `retrying`, due

@@ -2001,24 +2001,24 @@ DELETE FROM hook_endpoints WHERE hook_endpoints.id = :id;
 -- due first, each endpoint's no more than its room (`Fairness`); other claimers skip what this one
 -- locked (see transition.py).
 -- step 1 of 5
-SELECT hook_deliveries.id, hook_deliveries.endpoint_id, room.room
-FROM hook_deliveries JOIN (SELECT hook_endpoints.id AS endpoint_id,
-    CASE WHEN (hook_endpoints.failures_in_row >= :failures_in_row) THEN :room ELSE :room_2 END -
-    coalesce(in_flight.n, :coalesce) AS room
+WITH room AS
+(SELECT hook_endpoints.id AS endpoint_id, CASE
+    WHEN (hook_endpoints.failures_in_row >= :failures_in_row) THEN :room
+    ELSE :room_2 END - coalesce(in_flight.n, :coalesce) AS room
 FROM hook_endpoints LEFT OUTER JOIN (SELECT hook_deliveries.endpoint_id AS endpoint_id,
     count(*) AS n
 FROM hook_deliveries
 WHERE hook_deliveries.status IN ('processing')
 GROUP BY hook_deliveries.endpoint_id) AS in_flight ON in_flight.endpoint_id = hook_endpoints.id
 WHERE hook_endpoints.enabled = 1 AND (hook_endpoints.paused_until IS NULL OR
-    hook_endpoints.paused_until <= :paused_until) AND CASE
+    hook_endpoints.paused_until <= :now) AND CASE
     WHEN (hook_endpoints.failures_in_row >= :failures_in_row) THEN :room
-    ELSE :room_2 END - coalesce(in_flight.n,
-    :coalesce) > :value) AS room ON room.endpoint_id = hook_deliveries.endpoint_id
-WHERE hook_deliveries.status IN ('pending', 'retrying')
-    AND hook_deliveries.next_attempt_at <= :next_attempt_at
+    ELSE :room_2 END - coalesce(in_flight.n, :coalesce) > :value)
+SELECT hook_deliveries.id, hook_deliveries.endpoint_id, room.room
+FROM hook_deliveries JOIN room ON room.endpoint_id = hook_deliveries.endpoint_id
+WHERE hook_deliveries.status IN ('pending', 'retrying') AND hook_deliveries.next_attempt_at <= :now
 ORDER BY hook_deliveries.next_attempt_at, hook_deliveries.id
-LIMIT :limit OFFSET :offset;
+LIMIT :window OFFSET :offset;
 -- step 2 of 5
 SELECT hook_deliveries.id, hook_deliveries.status AS previous_state
 FROM hook_deliveries
@@ -2051,7 +2051,7 @@ WHERE hook_endpoints.id IN (:id_1);
 -- step 1 of 3
 SELECT hook_deliveries.id, hook_deliveries.status AS previous_state
 FROM hook_deliveries
-WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id = :id
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id IN (:id_1)
     AND hook_deliveries.claim_token = :claim_token;
 -- step 2 of 3
 UPDATE hook_deliveries
@@ -2059,7 +2059,7 @@ SET status='delivered', attempts=(hook_deliveries.attempts + :attempts), updated
     delivered_at=:delivered_at, claim_token=:claim_token, claimed_by=:claimed_by,
     lease_expires_at=:lease_expires_at, last_status_code=:last_status_code, last_error=:last_error
 WHERE hook_deliveries.id IN (:id_1) AND hook_deliveries.status IN ('processing')
-    AND hook_deliveries.id = :id_2 AND hook_deliveries.claim_token = :claim_token_2
+    AND hook_deliveries.id IN (:id_2_1) AND hook_deliveries.claim_token = :claim_token_2
 RETURNING id, endpoint_id, tenant_id, event, message_id, webhook_id, payload, status, attempts,
     max_attempts, next_attempt_at, created_at, updated_at, delivered_at, claim_token, claimed_by,
     lease_expires_at, last_status_code, last_error;
@@ -2074,7 +2074,7 @@ VALUES (:delivery_id, :from_status, :to_status, :at, :actor, :attempt, :status_c
 -- step 1 of 6
 SELECT hook_deliveries.id, hook_deliveries.status AS previous_state
 FROM hook_deliveries
-WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id = :id
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id IN (:id_1)
     AND hook_deliveries.claim_token = :claim_token;
 -- step 2 of 6
 UPDATE hook_deliveries
@@ -2083,7 +2083,7 @@ SET status='retrying', attempts=(hook_deliveries.attempts + :attempts),
     claimed_by=:claimed_by, lease_expires_at=:lease_expires_at, last_status_code=:last_status_code,
     last_error=:last_error
 WHERE hook_deliveries.id IN (:id_1) AND hook_deliveries.status IN ('processing')
-    AND hook_deliveries.id = :id_2 AND hook_deliveries.claim_token = :claim_token_2
+    AND hook_deliveries.id IN (:id_2_1) AND hook_deliveries.claim_token = :claim_token_2
 RETURNING id, endpoint_id, tenant_id, event, message_id, webhook_id, payload, status, attempts,
     max_attempts, next_attempt_at, created_at, updated_at, delivered_at, claim_token, claimed_by,
     lease_expires_at, last_status_code, last_error;
@@ -2102,6 +2102,186 @@ FROM hook_endpoints
 WHERE hook_endpoints.id = :id;
 -- step 6 of 6
 UPDATE hook_endpoints SET paused_until=:paused_until WHERE hook_endpoints.id = :id;
+
+-- name: hooks.finalize_claims --
+-- `finalize` for the attempts of several claims (by claim token) at once: one UPDATE for each kind
+-- of outcome, however many deliveries and claims, each row guarded by its own claim's token and
+-- given its own status code, error and due time (`PerDelivery`).
+-- step 1 of 6
+SELECT hook_deliveries.id, hook_deliveries.status AS previous_state
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id IN (:id_1, :id_2)
+    AND hook_deliveries.claim_token = CASE hook_deliveries.id WHEN :id_2 THEN :value
+    WHEN :id_3 THEN :value_2 ELSE :value_3 END;
+-- step 2 of 6
+UPDATE hook_deliveries
+SET status='delivered', attempts=(hook_deliveries.attempts + :attempts), updated_at=:updated_at,
+    delivered_at=:delivered_at, claim_token=:claim_token, claimed_by=:claimed_by,
+    lease_expires_at=:lease_expires_at, last_status_code=CASE hook_deliveries.id
+    WHEN :id THEN :last_status_code WHEN :id_2 THEN :last_status_code_2
+    ELSE :last_status_code_3 END, last_error=:last_error
+WHERE hook_deliveries.id IN (:id_3_1) AND hook_deliveries.status IN ('processing')
+    AND hook_deliveries.id IN (:id_4_1, :id_4_2)
+    AND hook_deliveries.claim_token = CASE hook_deliveries.id WHEN :id_5 THEN :value
+    WHEN :id_6 THEN :value_2 ELSE :value_3 END
+RETURNING id, endpoint_id, tenant_id, event, message_id, webhook_id, payload, status, attempts,
+    max_attempts, next_attempt_at, created_at, updated_at, delivered_at, claim_token, claimed_by,
+    lease_expires_at, last_status_code, last_error;
+-- step 3 of 6
+INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, attempt,
+    status_code, detail)
+VALUES (:delivery_id, :from_status, :to_status, :at, :actor, :attempt, :status_code, :detail);
+-- once per row (executemany)
+-- step 4 of 6
+SELECT hook_deliveries.id, hook_deliveries.status AS previous_state
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id IN (:id_1)
+    AND hook_deliveries.claim_token = :claim_token;
+-- step 5 of 6
+UPDATE hook_deliveries
+SET status='retrying', attempts=(hook_deliveries.attempts + :attempts),
+    next_attempt_at=:next_attempt_at, updated_at=:updated_at, claim_token=:claim_token,
+    claimed_by=:claimed_by, lease_expires_at=:lease_expires_at, last_status_code=:last_status_code,
+    last_error=:last_error
+WHERE hook_deliveries.id IN (:id_1) AND hook_deliveries.status IN ('processing')
+    AND hook_deliveries.id IN (:id_2_1) AND hook_deliveries.claim_token = :claim_token_2
+RETURNING id, endpoint_id, tenant_id, event, message_id, webhook_id, payload, status, attempts,
+    max_attempts, next_attempt_at, created_at, updated_at, delivered_at, claim_token, claimed_by,
+    lease_expires_at, last_status_code, last_error;
+-- step 6 of 6
+INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, attempt,
+    status_code, detail)
+VALUES (:delivery_id, :from_status, :to_status, :at, :actor, :attempt, :status_code, :detail);
+-- once per row (executemany)
+
+-- name: hooks.settle_claims --
+-- `settle` for the attempts of several claims (by claim token) at once.
+-- step 1 of 7
+SELECT hook_deliveries.id, hook_deliveries.status AS previous_state
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id IN (:id_1)
+    AND hook_deliveries.claim_token = :claim_token;
+-- step 2 of 7
+UPDATE hook_deliveries
+SET status='delivered', attempts=(hook_deliveries.attempts + :attempts), updated_at=:updated_at,
+    delivered_at=:delivered_at, claim_token=:claim_token, claimed_by=:claimed_by,
+    lease_expires_at=:lease_expires_at, last_status_code=:last_status_code, last_error=:last_error
+WHERE hook_deliveries.id IN (:id_1) AND hook_deliveries.status IN ('processing')
+    AND hook_deliveries.id IN (:id_2_1) AND hook_deliveries.claim_token = :claim_token_2
+RETURNING id, endpoint_id, tenant_id, event, message_id, webhook_id, payload, status, attempts,
+    max_attempts, next_attempt_at, created_at, updated_at, delivered_at, claim_token, claimed_by,
+    lease_expires_at, last_status_code, last_error;
+-- step 3 of 7
+INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, attempt,
+    status_code, detail)
+VALUES (:delivery_id, :from_status, :to_status, :at, :actor, :attempt, :status_code, :detail);
+-- once per row (executemany)
+-- step 4 of 7
+SELECT hook_deliveries.id, hook_deliveries.status AS previous_state
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id IN (:id_1)
+    AND hook_deliveries.claim_token = :claim_token;
+-- step 5 of 7
+UPDATE hook_deliveries
+SET status='retrying', attempts=(hook_deliveries.attempts + :attempts),
+    next_attempt_at=:next_attempt_at, updated_at=:updated_at, claim_token=:claim_token,
+    claimed_by=:claimed_by, lease_expires_at=:lease_expires_at, last_status_code=:last_status_code,
+    last_error=:last_error
+WHERE hook_deliveries.id IN (:id_1) AND hook_deliveries.status IN ('processing')
+    AND hook_deliveries.id IN (:id_2_1) AND hook_deliveries.claim_token = :claim_token_2
+RETURNING id, endpoint_id, tenant_id, event, message_id, webhook_id, payload, status, attempts,
+    max_attempts, next_attempt_at, created_at, updated_at, delivered_at, claim_token, claimed_by,
+    lease_expires_at, last_status_code, last_error;
+-- step 6 of 7
+INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, attempt,
+    status_code, detail)
+VALUES (:delivery_id, :from_status, :to_status, :at, :actor, :attempt, :status_code, :detail);
+-- once per row (executemany)
+-- step 7 of 7
+UPDATE hook_endpoints
+SET failures_in_row=:failures_in_row, paused_until=:paused_until
+WHERE hook_endpoints.id IN (SELECT hook_deliveries.endpoint_id
+FROM hook_deliveries
+WHERE hook_deliveries.id IN (:id_1)
+    AND hook_deliveries.status IN ('delivered')) AND (hook_endpoints.failures_in_row !=
+    :failures_in_row_2 OR hook_endpoints.paused_until IS NOT NULL);
+
+-- name: hooks.turn --
+-- The deliverer's transaction: record the attempts of these claims that finished (`settle_claims`),
+-- then claim up to `limit` more (`claim`); the claim sees the room the recording made (a finished
+-- delivery counts in flight until it is recorded).
+-- step 1 of 9
+SELECT hook_deliveries.id, hook_deliveries.status AS previous_state
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing') AND hook_deliveries.id IN (:id_1)
+    AND hook_deliveries.claim_token = :claim_token;
+-- step 2 of 9
+UPDATE hook_deliveries
+SET status='delivered', attempts=(hook_deliveries.attempts + :attempts), updated_at=:updated_at,
+    delivered_at=:delivered_at, claim_token=:claim_token, claimed_by=:claimed_by,
+    lease_expires_at=:lease_expires_at, last_status_code=:last_status_code, last_error=:last_error
+WHERE hook_deliveries.id IN (:id_1) AND hook_deliveries.status IN ('processing')
+    AND hook_deliveries.id IN (:id_2_1) AND hook_deliveries.claim_token = :claim_token_2
+RETURNING id, endpoint_id, tenant_id, event, message_id, webhook_id, payload, status, attempts,
+    max_attempts, next_attempt_at, created_at, updated_at, delivered_at, claim_token, claimed_by,
+    lease_expires_at, last_status_code, last_error;
+-- step 3 of 9
+INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, attempt,
+    status_code, detail)
+VALUES (:delivery_id, :from_status, :to_status, :at, :actor, :attempt, :status_code, :detail);
+-- once per row (executemany)
+-- step 4 of 9
+UPDATE hook_endpoints
+SET failures_in_row=:failures_in_row, paused_until=:paused_until
+WHERE hook_endpoints.id IN (SELECT hook_deliveries.endpoint_id
+FROM hook_deliveries
+WHERE hook_deliveries.id IN (:id_1)
+    AND hook_deliveries.status IN ('delivered')) AND (hook_endpoints.failures_in_row !=
+    :failures_in_row_2 OR hook_endpoints.paused_until IS NOT NULL);
+-- step 5 of 9
+WITH room AS
+(SELECT hook_endpoints.id AS endpoint_id, CASE
+    WHEN (hook_endpoints.failures_in_row >= :failures_in_row) THEN :room
+    ELSE :room_2 END - coalesce(in_flight.n, :coalesce) AS room
+FROM hook_endpoints LEFT OUTER JOIN (SELECT hook_deliveries.endpoint_id AS endpoint_id,
+    count(*) AS n
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('processing')
+GROUP BY hook_deliveries.endpoint_id) AS in_flight ON in_flight.endpoint_id = hook_endpoints.id
+WHERE hook_endpoints.enabled = 1 AND (hook_endpoints.paused_until IS NULL OR
+    hook_endpoints.paused_until <= :now) AND CASE
+    WHEN (hook_endpoints.failures_in_row >= :failures_in_row) THEN :room
+    ELSE :room_2 END - coalesce(in_flight.n, :coalesce) > :value)
+SELECT hook_deliveries.id, hook_deliveries.endpoint_id, room.room
+FROM hook_deliveries JOIN room ON room.endpoint_id = hook_deliveries.endpoint_id
+WHERE hook_deliveries.status IN ('pending', 'retrying') AND hook_deliveries.next_attempt_at <= :now
+ORDER BY hook_deliveries.next_attempt_at, hook_deliveries.id
+LIMIT :window OFFSET :offset;
+-- step 6 of 9
+SELECT hook_deliveries.id, hook_deliveries.status AS previous_state
+FROM hook_deliveries
+WHERE hook_deliveries.status IN ('pending', 'retrying') AND hook_deliveries.id IN (:id_1)
+    AND hook_deliveries.next_attempt_at <= :next_attempt_at
+ORDER BY hook_deliveries.next_attempt_at, hook_deliveries.id
+LIMIT :limit OFFSET :offset;
+-- step 7 of 9
+UPDATE hook_deliveries
+SET status='processing', updated_at=:updated_at, claim_token=:claim_token, claimed_by=:claimed_by,
+    lease_expires_at=:lease_expires_at
+WHERE hook_deliveries.id IN (:id_1) AND hook_deliveries.status IN ('pending', 'retrying')
+    AND hook_deliveries.id IN (:id_2_1) AND hook_deliveries.next_attempt_at <= :next_attempt_at
+RETURNING id, endpoint_id, tenant_id, event, message_id, webhook_id, payload, status, attempts,
+    max_attempts, next_attempt_at, created_at, updated_at, delivered_at, claim_token, claimed_by,
+    lease_expires_at, last_status_code, last_error;
+-- step 8 of 9
+INSERT INTO hook_delivery_events (delivery_id, from_status, to_status, at, actor, attempt,
+    status_code, detail)
+VALUES (:delivery_id, :from_status, :to_status, :at, :actor, :attempt, :status_code, :detail);
+-- once per row (executemany)
+-- step 9 of 9
+SELECT hook_endpoints.id, hook_endpoints.url, hook_endpoints.secret
+FROM hook_endpoints
+WHERE hook_endpoints.id IN (:id_1);
 
 -- name: hooks.sweep --
 -- Deliveries whose lease ran out (their worker died or hung mid-POST) go back to `retrying`, due

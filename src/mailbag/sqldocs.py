@@ -770,6 +770,52 @@ OPERATIONS: list[Operation | Statement] = [
         },
     ),
     Operation(
+        hooks.finalize_claims,
+        {
+            "claims": {
+                IDS[2]: [
+                    hooks.Attempted(IDS[0], DAction.DELIVER, status_code=204),
+                    hooks.Attempted(IDS[1], DAction.RETRY, 503, "http-5xx: HTTP 503", NOW),
+                ],
+                IDS[1]: [hooks.Attempted(IDS[2], DAction.DELIVER, status_code=200)],
+            },
+            "now": NOW,
+            "actor": "worker-1",
+        },
+        samples={**_HOOK, "previous_state": DState.PROCESSING.value},
+    ),
+    Operation(
+        hooks.settle_claims,
+        {
+            "claims": {
+                IDS[2]: [hooks.Attempted(IDS[0], DAction.DELIVER, status_code=204)],
+                IDS[1]: [
+                    hooks.Attempted(IDS[1], DAction.RETRY, 503, "http-5xx: HTTP 503", NOW),
+                ],
+            },
+            "now": NOW,
+            "actor": "worker-1",
+            "breaker": Breaker(),
+        },
+        samples={
+            **_HOOK,
+            "status": DState.RETRYING.value,
+            "previous_state": DState.PROCESSING.value,
+            "failures_in_row": 5,
+        },
+    ),
+    Operation(
+        hooks.turn,
+        {
+            "claims": {IDS[2]: [hooks.Attempted(IDS[0], DAction.DELIVER, status_code=204)]},
+            "worker_id": "worker-1",
+            "now": NOW,
+            "lease": timedelta(minutes=2),
+            "limit": 10,
+        },
+        samples={**_HOOK, "previous_state": DState.PROCESSING.value},
+    ),
+    Operation(
         hooks.sweep,
         {"now": NOW, "actor": "worker-1"},
         samples={**_HOOK, "status": DState.RETRYING.value, "previous_state": "processing"},
@@ -796,7 +842,6 @@ OPERATIONS: list[Operation | Statement] = [
 # Plans that are parts of the operations above, not operations of their own: their SQL
 # shows in the files of the operations that run them.
 PARTS = {
-    "hooks.record_endpoint_outcomes": "hooks.settle (the endpoints' breakers)",
     "hooks.fan_out_config": "hooks.fan_out (a question to the connection, no SQL)",
     "suppressions.erasure_key": "suppressions.among, .remove (a question to the connection)",
     "suppressions.forms": "suppressions.remove, first_use.message (a question, no SQL)",

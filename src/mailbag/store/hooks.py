@@ -16,25 +16,33 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
+    Integer,
     Row,
+    Select,
     and_,
+    any_,
+    bindparam,
     case,
+    cast,
     delete,
     func,
     insert,
+    literal,
     literal_column,
     or_,
     select,
     true,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.sql.elements import Grouping
 
 from mailbag.domain.hooks import (
     CLAIMABLE_DELIVERIES,
@@ -54,11 +62,18 @@ from mailbag.domain.hooks import (
 )
 from mailbag.domain.ids import uuid7
 from mailbag.domain.message import truncate_error
-from mailbag.store.plan import Plan, Step, connection_option, current_dialect
+from mailbag.store.plan import (
+    Plan,
+    Step,
+    Together,
+    connection_option,
+    current_dialect,
+    together,
+)
 from mailbag.store.schema import hook_deliveries as hd
 from mailbag.store.schema import hook_delivery_events as hde
 from mailbag.store.schema import hook_endpoints as he
-from mailbag.store.transition import EventSpec, Tracked, apply_transition
+from mailbag.store.transition import NOW, EventSpec, Tracked, apply_transition
 from mailbag.store.types import UTCDateTime
 
 DELIVERY_ROWS: Tracked[DState, DAction] = Tracked(
@@ -74,6 +89,12 @@ MYSQL_CLAIMABLE_AT = literal_column("claimable_at", UTCDateTime())
 CLAIM_CLEARED: dict[str, Any] = {"claim_token": None, "claimed_by": None, "lease_expires_at": None}
 LEASE_EXPIRED = "lease expired before the attempt was recorded; the POST may have arrived"
 DEFAULT_MAX_ATTEMPTS = 8
+
+
+def _array(name: str, type_: Any) -> ColumnElement[Any]:
+    """A PostgreSQL array parameter of `type_`, bound by `name`: one parameter for a list of
+    values, so the statement is the same for every list (an IN list is not)."""
+    return cast(bindparam(name, type_=ARRAY(type_)), ARRAY(type_))
 
 
 FAN_OUT_OPTION = "mailbag_hook_fan_out"  # the execution option that carries a FanOut
@@ -109,6 +130,7 @@ class OfTenant(Protocol):
 
 
 Subject = TypeVar("Subject", bound=OfTenant)
+T = TypeVar("T")
 
 _INSERT_DELIVERY = insert(hd)
 
@@ -317,23 +339,23 @@ def claim(
     claimers skip what this one locked (see transition.py).
 
     Two steps: read the head of the due queue with each endpoint's room (no lock), pick
-    from it in order, then claim the picked ones under the usual guard. An endpoint that
-    is full (a hanging receiver's deliveries) is left out of the head entirely, so it
+    from it in order, then claim the picked ones under the usual guard (with their
+    endpoints' URLs and secrets beside, in the same round trip on PostgreSQL). An endpoint
+    that is full (a hanging receiver's deliveries) is left out of the head entirely, so it
     never hides the others' behind its backlog."""
-    token = uuid.uuid4()
     dialect = yield from current_dialect()
-    due_at = MYSQL_CLAIMABLE_AT if dialect == "mysql" else hd.c.next_attempt_at
-    room = _room(fairness, now)
-    head = (
-        select(hd.c.id, hd.c.endpoint_id, room.c.room)
-        .join(room, room.c.endpoint_id == hd.c.endpoint_id)
-        .where(DELIVERY_ROWS.in_states(CLAIMABLE_DELIVERIES), due_at <= now)
-        .order_by(due_at, hd.c.id)
-        .limit(limit * CLAIM_WINDOW)
-    )
+    head = yield _head(dialect, fairness, now=now, limit=limit)
+    return (yield from _take(head.all(), worker_id=worker_id, now=now, lease=lease, limit=limit))
+
+
+def _take(
+    head: Sequence[Row[Any]], *, worker_id: str, now: datetime, lease: timedelta, limit: int
+) -> Plan[HookClaim]:
+    """Claim what the head (`_head`) lets through: the last step of `claim`."""
+    token = uuid.uuid4()
     picked: list[uuid.UUID] = []
     taken: dict[uuid.UUID, int] = {}
-    for row in (yield Step(head)).all():
+    for row in head:
         if taken.get(row.endpoint_id, 0) < row.room:
             taken[row.endpoint_id] = taken.get(row.endpoint_id, 0) + 1
             picked.append(row.id)
@@ -341,42 +363,112 @@ def claim(
                 break
     if not picked:
         return HookClaim(token, [])
-    changed = yield from apply_transition(
-        DELIVERY_ROWS,
-        DAction.CLAIM,
-        where=and_(hd.c.id.in_(picked), due_at <= now),
-        values={"claim_token": token, "claimed_by": worker_id, "lease_expires_at": now + lease},
-        now=now,
-        actor=worker_id,
-        order_by=(due_at, hd.c.id),
-        limit=len(picked),
-        skip_locked=True,
-        event=EventSpec(offset=1),
+    dialect = yield from current_dialect()
+    due_at = MYSQL_CLAIMABLE_AT if dialect == "mysql" else hd.c.next_attempt_at
+    claim_values = {"claim_token": token, "claimed_by": worker_id, "lease_expires_at": now + lease}
+    if dialect == "postgresql":  # one statement, built once: every value a named parameter
+        where, values = and_(hd.c.id == any_(_array("ids", hd.c.id.type)), due_at <= NOW), _CLAIM
+        params: dict[str, Any] | None = {"ids": picked, **claim_values}
+        # No LIMIT: the ids bound it (and a LIMIT would be frozen into the statement); locked
+        # in their key's order, found by it: ordered by due time, the planner walked the
+        # claim index past every due row to find these few.
+        order_by: tuple[ColumnElement[Any], ...] = (hd.c.id,)
+        limit_, cache = None, "claim"
+    else:
+        where, values = and_(hd.c.id.in_(picked), due_at <= now), claim_values
+        order_by, params, limit_, cache = (due_at, hd.c.id), None, len(picked), None
+    changed, targets = yield from _abreast(
+        apply_transition(
+            DELIVERY_ROWS,
+            DAction.CLAIM,
+            where=where,
+            values=values,
+            now=now,
+            actor=worker_id,
+            order_by=order_by,
+            limit=limit_,
+            skip_locked=True,
+            event=EventSpec(offset=1),
+            cache=cache,
+            params=params,
+        ),
+        _step(_targets(dialect, sorted(taken))),
+        last=True,
     )
-    if not changed:
-        return HookClaim(token, [])
+    found = {row.id: row for row in targets.all()}
     deliveries = sorted((_delivery(row) for row, _ in changed), key=lambda d: d.id)
-    targets = {
-        row.id: row
-        for row in (
-            yield Step(
-                select(he.c.id, he.c.url, he.c.secret).where(
-                    he.c.id.in_({d.endpoint_id for d in deliveries})
-                )
-            )
-        ).all()
-    }
     return HookClaim(
         token,
         [
-            ClaimedDelivery(d, targets[d.endpoint_id].url, targets[d.endpoint_id].secret)
+            ClaimedDelivery(d, found[d.endpoint_id].url, found[d.endpoint_id].secret)
             for d in deliveries
-            if d.endpoint_id in targets  # deleted since: its rows go with it
+            if d.endpoint_id in found  # deleted since: its rows go with it
         ],
     )
 
 
-def _room(fairness: Fairness, now: datetime) -> Any:
+# The claim's values on PostgreSQL, where its statement is cached (`_take`).
+_CLAIM: dict[str, Any] = {
+    "claim_token": bindparam("claim_token", type_=hd.c.claim_token.type),
+    "claimed_by": bindparam("claimed_by", type_=hd.c.claimed_by.type),
+    "lease_expires_at": bindparam("lease_expires_at", type_=UTCDateTime()),
+}
+_ENDPOINTS_BY_ID = select(he.c.id, he.c.url, he.c.secret).where(
+    he.c.id == any_(_array("ids", he.c.id.type))
+)
+
+
+def _targets(dialect: str, endpoint_ids: list[uuid.UUID]) -> Step:
+    """The URL and sealed secret of each of these endpoints."""
+    if dialect == "postgresql":  # built once, sent with the claim (an array: not expanded)
+        return Step(_ENDPOINTS_BY_ID, {"ids": endpoint_ids})
+    return Step(select(he.c.id, he.c.url, he.c.secret).where(he.c.id.in_(endpoint_ids)))
+
+
+_HEADS: dict[tuple[str, Fairness], Any] = {}
+
+
+def _head(dialect: str, fairness: Fairness, *, now: datetime, limit: int) -> Step:
+    """The head of the due queue, `limit * CLAIM_WINDOW` rows, with each endpoint's room:
+    built once per database and Fairness, its time (`now`) and length (`window`) bound.
+
+    On PostgreSQL the rooms are worked out first (a MATERIALIZED CTE: a few rows), and the
+    due rows are read in the claim index's order, only those of endpoints with room (an
+    array of them, computed once), until the window is full; the window is no longer than
+    the room there is (x CLAIM_WINDOW). A join of the due rows with the rooms, left to the
+    planner on a young table's statistics, read and sorted every due row each time: 2-7 ms
+    for 3,000 of them. Elsewhere the rooms are joined."""
+    statement = _HEADS.get((dialect, fairness))
+    if statement is not None:
+        return Step(statement, {"now": now, "window": limit * CLAIM_WINDOW})
+    due_at = MYSQL_CLAIMABLE_AT if dialect == "mysql" else hd.c.next_attempt_at
+    window: ColumnElement[Any] = bindparam("window", type_=Integer())
+    due = and_(DELIVERY_ROWS.in_states(CLAIMABLE_DELIVERIES), due_at <= NOW)
+    if dialect == "postgresql":
+        room = _room(fairness, NOW).cte("room").prefix_with("MATERIALIZED")
+        with_room = select(func.array_agg(room.c.endpoint_id)).scalar_subquery()
+        rooms = select(func.coalesce(func.sum(room.c.room), 0)).scalar_subquery()
+        its_room = select(room.c.room).where(room.c.endpoint_id == hd.c.endpoint_id)
+        statement = (
+            select(hd.c.id, hd.c.endpoint_id, its_room.scalar_subquery().label("room"))
+            .where(due, hd.c.endpoint_id == any_(cast(with_room, ARRAY(hd.c.endpoint_id.type))))
+            .order_by(due_at, hd.c.id)
+            .limit(func.least(window, rooms * CLAIM_WINDOW))
+        )
+    else:
+        room = _room(fairness, NOW).cte("room")
+        statement = (
+            select(hd.c.id, hd.c.endpoint_id, room.c.room)
+            .join(room, room.c.endpoint_id == hd.c.endpoint_id)
+            .where(due)
+            .order_by(due_at, hd.c.id)
+            .limit(window)
+        )
+    _HEADS[(dialect, fairness)] = statement
+    return Step(statement, {"now": now, "window": limit * CLAIM_WINDOW})
+
+
+def _room(fairness: Fairness, now: ColumnElement[Any]) -> Select[Any]:
     """Each enabled, unpaused endpoint with room for more deliveries in flight, and how
     many: its allowance (one while its breaker is open) less what is in flight now."""
     in_flight = (
@@ -397,7 +489,6 @@ def _room(fairness: Fairness, now: datetime) -> Any:
             or_(he.c.paused_until.is_(None), he.c.paused_until <= now),
             room > 0,
         )
-        .subquery("room")
     )
 
 
@@ -414,6 +505,8 @@ class Attempted:
 
 
 FINALIZE_ACTIONS = frozenset({DAction.DELIVER, DAction.RETRY, DAction.BURY, DAction.RELEASE})
+RELEASED = EventSpec(offset=1, text="released unposted; no attempt spent")
+ATTEMPTED = EventSpec(column="last_error")
 
 
 def finalize(
@@ -421,36 +514,107 @@ def finalize(
 ) -> Plan[list[HookDelivery]]:
     """Record each attempt where the claim is still `token`'s; return the deliveries
     changed (one swept and claimed again by another worker meanwhile is left alone)."""
+    return (yield from finalize_claims({token: results}, now=now, actor=actor))
+
+
+def finalize_claims(
+    claims: Mapping[uuid.UUID, Sequence[Attempted]], *, now: datetime, actor: str
+) -> Plan[list[HookDelivery]]:
+    """`finalize` for the attempts of several claims (by claim token) at once: one UPDATE
+    for each kind of outcome, however many deliveries and claims, each row guarded by its
+    own claim's token and given its own status code, error and due time (`PerDelivery`)."""
+    by_action: dict[DAction, list[tuple[uuid.UUID, Attempted]]] = {}
+    for token, results in claims.items():
+        for result in results:
+            if result.action not in FINALIZE_ACTIONS:
+                raise ValueError(f"{result.action} is not a finalize action")
+            by_action.setdefault(result.action, []).append((token, result))
+    dialect = yield from current_dialect()
     done: list[HookDelivery] = []
-    for result in results:
-        if result.action not in FINALIZE_ACTIONS:
-            raise ValueError(f"{result.action} is not a finalize action")
+    for action in sorted(by_action):  # one order for every worker: no lock-order deadlock
+        group = by_action[action]
+        rows = PerDelivery([result.delivery_id for _, result in group], dialect=dialect)
         values: dict[str, Any] = {**CLAIM_CLEARED}
-        if result.action is not DAction.RELEASE:
+        if action is not DAction.RELEASE:
             values |= {
                 "attempts": hd.c.attempts + 1,
-                "last_status_code": result.status_code,
-                "last_error": truncate_error(result.error),
+                "last_status_code": rows.value(
+                    "status_code", [r.status_code for _, r in group], hd.c.last_status_code.type
+                ),
+                "last_error": rows.value(
+                    "last_error", [truncate_error(r.error) for _, r in group], hd.c.last_error.type
+                ),
             }
-        if result.action is DAction.DELIVER:
-            values["delivered_at"] = now
-        if result.next_attempt_at is not None:
-            values["next_attempt_at"] = result.next_attempt_at
+        if action is DAction.DELIVER:
+            values["delivered_at"] = rows.now(now)
+        due = [r.next_attempt_at for _, r in group]
+        if any(at is not None for at in due):
+            values["next_attempt_at"] = rows.value(
+                "next_attempt_at", due, UTCDateTime(), keep=hd.c.next_attempt_at
+            )
+        ours = hd.c.claim_token == rows.value(
+            "claim_token", [token for token, _ in group], hd.c.claim_token.type
+        )
         changed = yield from apply_transition(
             DELIVERY_ROWS,
-            result.action,
-            where=and_(hd.c.id == result.delivery_id, hd.c.claim_token == token),
+            action,
+            where=and_(rows.match(), ours),
             values=values,
             now=now,
             actor=actor,
-            event=(
-                EventSpec(offset=1, text="released unposted; no attempt spent")
-                if result.action is DAction.RELEASE
-                else EventSpec(column="last_error")
-            ),
+            event=RELEASED if action is DAction.RELEASE else ATTEMPTED,
+            cache=("finalize", "next_attempt_at" in values) if rows.arrays else None,
+            params=rows.params,
         )
         done += [_delivery(row) for row, _ in changed]
     return done
+
+
+class PerDelivery:
+    """Per-row values in one set-based UPDATE of the deliveries `ids`: `value` takes one
+    value per id, in the order of `ids`.
+
+    On PostgreSQL every value is a named parameter gathered in `params`, the ids and each
+    column's values as arrays (a row's value is `(values)[array_position(ids, id)]`), so the
+    statement is the same for every batch of one kind: built, compiled and prepared once.
+    Elsewhere literals: an IN list, and a `CASE id WHEN ... THEN ... END` per column whose
+    values differ. (store/dispatch.py's PerRow is the same idea for messages.)"""
+
+    def __init__(self, ids: list[uuid.UUID], *, dialect: str) -> None:
+        self.ids, self.arrays = ids, dialect == "postgresql"
+        self.params: dict[str, Any] = {}
+        if self.arrays:
+            self._ids = self._array("ids", ids, hd.c.id.type)
+            self._position = func.array_position(self._ids, hd.c.id)
+
+    def match(self) -> ColumnElement[bool]:
+        """The rows of `ids`."""
+        return hd.c.id == any_(self._ids) if self.arrays else hd.c.id.in_(self.ids)
+
+    def now(self, now: datetime) -> Any:
+        """The time of the change (apply_transition gives a cached statement's NOW)."""
+        return NOW if self.arrays else now
+
+    def value(self, name: str, values: Sequence[Any], type_: Any, keep: Any = None) -> Any:
+        """Each row's value; a row whose value is None keeps `keep` (the column's current
+        value) when it is given."""
+        if self.arrays:
+            picked = Grouping(self._array(name, list(values), type_))[self._position]
+            return picked if keep is None else func.coalesce(picked, keep)
+        if len({repr(value) for value in values}) == 1:  # one value for the whole batch
+            if keep is not None and values[0] is None:
+                return keep
+            return literal(values[0], type_)
+        whens = {
+            key: literal(value, type_)
+            for key, value in zip(self.ids, values, strict=True)
+            if keep is None or value is not None
+        }
+        return case(whens, value=hd.c.id, else_=keep if keep is not None else literal(None, type_))
+
+    def _array(self, name: str, values: list[Any], type_: Any) -> ColumnElement[Any]:
+        self.params[name] = values
+        return _array(name, type_)
 
 
 @dataclass(frozen=True)
@@ -472,44 +636,85 @@ def settle(
 ) -> Plan[Settled]:
     """`finalize`, and each endpoint's breaker moved by what its attempts did, in the same
     transaction."""
-    done = yield from finalize(token=token, results=results, now=now, actor=actor)
-    delivered: set[uuid.UUID] = set()
-    failed: dict[uuid.UUID, int] = {}
-    actions = {result.delivery_id: result.action for result in results}
-    for delivery in done:
-        action = actions[delivery.id]
-        if action is DAction.DELIVER:
-            delivered.add(delivery.endpoint_id)
-        elif action in (DAction.RETRY, DAction.BURY):
-            failed[delivery.endpoint_id] = failed.get(delivery.endpoint_id, 0) + 1
-    paused = yield from record_endpoint_outcomes(delivered, failed, now=now, breaker=breaker)
+    return (yield from settle_claims({token: results}, now=now, actor=actor, breaker=breaker))
+
+
+def settle_claims(
+    claims: Mapping[uuid.UUID, Sequence[Attempted]],
+    *,
+    now: datetime,
+    actor: str,
+    breaker: Breaker,
+) -> Plan[Settled]:
+    """`settle` for the attempts of several claims (by claim token) at once."""
+    done = yield from finalize_claims(claims, now=now, actor=actor)
+    dialect = yield from current_dialect()
+    yield from _step(_close_breakers(dialect, claims))
+    paused = yield from _count_failures(claims, done, now=now, breaker=breaker)
     return Settled(done, paused)
 
 
-def record_endpoint_outcomes(
-    delivered: set[uuid.UUID],
-    failed: dict[uuid.UUID, int],
+def _delivered(claims: Mapping[uuid.UUID, Sequence[Attempted]]) -> list[uuid.UUID]:
+    return sorted(
+        r.delivery_id for rs in claims.values() for r in rs if r.action is DAction.DELIVER
+    )
+
+
+def _failing(claims: Mapping[uuid.UUID, Sequence[Attempted]]) -> bool:
+    return any(r.action in FAILED for results in claims.values() for r in results)
+
+
+FAILED = frozenset({DAction.RETRY, DAction.BURY})
+
+
+def _close_breakers(dialect: str, claims: Mapping[uuid.UUID, Sequence[Attempted]]) -> Step | None:
+    """An endpoint that answered 2xx closes its breaker: those of these deliveries that are
+    delivered now (whoever recorded it). It needs nothing the outcomes' statement returns,
+    so it can go in the same round trip. A healthy endpoint's row is not written (the
+    UPDATE's guard is false), so busy endpoints cost no write and no lock here."""
+    ids = _delivered(claims)
+    if not ids:
+        return None
+    if dialect == "postgresql":  # built once (an array: not expanded, so it can be pipelined)
+        return Step(_CLOSE_BREAKERS, {"ids": ids})
+    return Step(_closing(hd.c.id.in_(ids)))
+
+
+def _closing(deliveries: ColumnElement[bool]) -> Any:
+    delivered = select(hd.c.endpoint_id).where(
+        deliveries, DELIVERY_ROWS.in_states({DState.DELIVERED})
+    )
+    return (
+        update(he)
+        .where(
+            he.c.id.in_(delivered),
+            or_(he.c.failures_in_row != 0, he.c.paused_until.is_not(None)),
+        )
+        .values(failures_in_row=0, paused_until=None)
+    )
+
+
+_CLOSE_BREAKERS = _closing(hd.c.id == any_(_array("ids", hd.c.id.type)))
+
+
+def _count_failures(
+    claims: Mapping[uuid.UUID, Sequence[Attempted]],
+    done: Sequence[HookDelivery],
     *,
     now: datetime,
     breaker: Breaker,
 ) -> Plan[dict[uuid.UUID, datetime]]:
-    """An endpoint that answered 2xx closes its breaker; one whose attempts all failed adds
-    them to its failures in a row, and pauses once the breaker says so. Returns the paused
-    endpoints. A healthy endpoint's row is not written (the UPDATE's guard is false), so
-    busy endpoints cost no write and no lock here."""
-    if delivered:
-        yield Step(
-            update(he)
-            .where(
-                he.c.id.in_(sorted(delivered)),
-                or_(he.c.failures_in_row != 0, he.c.paused_until.is_not(None)),
-            )
-            .values(failures_in_row=0, paused_until=None)
-        )
+    """An endpoint whose recorded attempts all failed adds them to its failures in a row,
+    and pauses once the breaker says so. Returns the paused endpoints."""
+    actions = {r.delivery_id: r.action for results in claims.values() for r in results}
+    delivered = {d.endpoint_id for d in done if actions[d.id] is DAction.DELIVER}
+    failed: dict[uuid.UUID, int] = {}
+    for delivery in done:
+        if actions[delivery.id] in FAILED and delivery.endpoint_id not in delivered:
+            # (One that answered within this batch is not failing in a row.)
+            failed[delivery.endpoint_id] = failed.get(delivery.endpoint_id, 0) + 1
     paused: dict[uuid.UUID, datetime] = {}
     for endpoint_id, count in sorted(failed.items()):
-        if endpoint_id in delivered:
-            continue  # it answered within this batch: not failing in a row
         yield Step(
             update(he)
             .where(he.c.id == endpoint_id)
@@ -524,6 +729,99 @@ def record_endpoint_outcomes(
             paused[endpoint_id] = now + pause
             yield Step(update(he).where(he.c.id == endpoint_id).values(paused_until=now + pause))
     return paused
+
+
+# --- The deliverer's turn ------------------------------------------------------------------
+
+
+def turn(
+    claims: Mapping[uuid.UUID, Sequence[Attempted]],
+    *,
+    worker_id: str,
+    now: datetime,
+    lease: timedelta,
+    limit: int,
+    fairness: Fairness = Fairness(),
+) -> Plan[tuple[Settled, HookClaim]]:
+    """The deliverer's transaction: record the attempts of these claims that finished
+    (`settle_claims`), then claim up to `limit` more (`claim`); the claim sees the room
+    the recording made (a finished delivery counts in flight until it is recorded).
+
+    On PostgreSQL, when none of them failed, two round trips (AsyncDatabase.run_at_once
+    pipelines them, BEGIN and COMMIT included): the outcomes, the breakers they close and
+    the head of the queue; then the claim with its endpoints. A failure moves its
+    endpoint's breaker from what the outcomes returned, which takes round trips of its
+    own before the head is read, so that a breaker it opens keeps the claim away."""
+    dialect = yield from current_dialect()
+    if dialect == "postgresql" and not _failing(claims):
+        plans: list[Plan[Any]] = []
+        if claims:
+            plans += [finalize_claims(claims, now=now, actor=worker_id)]
+            plans += [_step(_close_breakers(dialect, claims))]
+        if limit > 0:
+            plans += [_step(_head(dialect, fairness, now=now, limit=limit))]
+        # The COMMIT goes along when nothing follows: no claim, one statement of outcomes.
+        alone = limit == 0 and len({r.action for rs in claims.values() for r in rs}) <= 1
+        answers = yield from _abreast(*plans, last=alone)
+        settled = Settled(answers[0] if claims else [], {})
+        head = answers[-1].all() if limit > 0 else []
+    else:
+        settled = yield from settle_claims(
+            claims, now=now, actor=worker_id, breaker=fairness.breaker
+        )
+        head = (yield _head(dialect, fairness, now=now, limit=limit)).all() if limit > 0 else []
+    claimed = yield from _take(head, worker_id=worker_id, now=now, lease=lease, limit=limit)
+    return settled, claimed
+
+
+def _step(step: Step | None) -> Plan[Any]:
+    """One step as a plan (nothing, for None)."""
+    if step is None:
+        return None
+    return (yield step)
+
+
+def _abreast(*plans: Plan[Any], last: bool = False) -> Plan[list[Any]]:
+    """What `plans` return, run side by side. On PostgreSQL each runs to its first SQL
+    step, and those steps go together (one round trip under run_at_once; `last`: nothing
+    follows, the COMMIT goes with them), in order; what a plan yields after its first
+    step follows one plan after the other (so give `last` only for one-step plans).
+    Elsewhere one plan after the other: their steps there are several, and a later plan
+    may need to see what an earlier one wrote."""
+    dialect = yield from current_dialect()
+    answers: list[Any] = [None] * len(plans)
+    if dialect != "postgresql":
+        for i, plan in enumerate(plans):
+            answers[i] = yield from plan
+        return answers
+    started: list[tuple[int, Plan[Any], Step]] = []
+    for i, plan in enumerate(plans):
+        try:
+            instruction = next(plan)
+            while not isinstance(instruction, Step | Together):  # a question: the runner's
+                instruction = plan.send((yield instruction))
+        except StopIteration as done:
+            answers[i] = done.value
+            continue
+        if isinstance(instruction, Together):
+            raise ValueError("a plan run abreast starts with a single step")
+        started.append((i, plan, instruction))
+    if not started:
+        return answers
+    results = yield from together(*(step for _, _, step in started), last=last)
+    for (i, plan, _), result in zip(started, results, strict=True):
+        answers[i] = yield from _resume(plan, result)
+    return answers
+
+
+def _resume(plan: Plan[T], answer: Any) -> Plan[T]:
+    """The rest of a plan that is waiting for `answer`."""
+    try:
+        instruction = plan.send(answer)
+        while True:
+            instruction = plan.send((yield instruction))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 def sweep(*, now: datetime, actor: str, limit: int = 1000) -> Plan[list[HookDelivery]]:
