@@ -4,10 +4,13 @@ Where a connection may go (domain/hooks/urls.py) is checked again for every conn
 client opens: the host is resolved (the system's resolver, or DNS_NAMESERVERS), every
 address it has is checked, and the connection is made to an address that was checked,
 never to the name again, so an answer that changes between the check and the connect (DNS
-rebinding) cannot pass. This happens in the client's network backend (`GuardedBackend`),
-under httpx and httpcore, which keep the URL's host for the Host header and for TLS (SNI
-and the name the certificate must carry) exactly as without it; connections are pooled by
-that host, as usual. No proxy from the environment: a proxy would make the connect.
+rebinding) cannot pass. The URL's host is still the one in the Host header and in TLS (SNI
+and the name the certificate must carry); connections are kept and reused per origin
+(scheme, host, port). No proxy from the environment: a proxy would make the connect.
+
+The client (`HookClient`) speaks HTTP/1.1 with h11, the protocol machine under httpx, on
+asyncio's own transports: httpx's layers cost more CPU per POST than all the rest of a
+delivery (claim, signature, bookkeeping) together.
 
 What a failed attempt records (`Failure`): a reason from a fixed vocabulary and a short
 text of mailbag's own, never a byte of the receiver's answer, which could be an internal
@@ -28,23 +31,34 @@ service's (the answer's body is never read beyond draining a small one for reuse
 
 from __future__ import annotations
 
+import asyncio
 import ssl
-from collections.abc import Iterable
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from ipaddress import ip_address
-from typing import Any
+from typing import Protocol
 
-import httpcore
+import h11
 import httpx
 
-from mailbag.domain.hooks.urls import Policy, UnsafeUrl, address_problem, is_loopback_name
+from mailbag.domain.hooks.urls import (
+    Destination,
+    Policy,
+    UnsafeUrl,
+    address_problem,
+    is_loopback_name,
+)
 from mailbag.domain.hooks.urls import name_problem as hook_name_problem
 from mailbag.resolver import IPAddress, NotResolved, Resolver, SystemResolver
 
 # RFC 6761: localhost names mean this machine; they are never asked of DNS.
 LOOPBACK_ADDRESSES = (ip_address("127.0.0.1"), ip_address("::1"))
 DRAIN_BYTES = 16 * 1024  # of an answer's body read (and dropped) so the connection is reused
+# Of an answer read at most (head and body) before reading stops: more is never needed.
+READ_BYTES = DRAIN_BYTES + 64 * 1024
+KEEPALIVE_SECONDS = 5.0  # an idle connection is closed after this long (httpx's default)
 
 
 class Reason(StrEnum):
@@ -116,59 +130,214 @@ class Guard:
         return candidates
 
 
-class GuardedBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's network backend, connecting only to addresses the guard checked: each in
-    turn until one answers (a host may have several, IPv6 ones unreachable from here)."""
-
-    def __init__(self, guard: Guard, inner: httpcore.AsyncNetworkBackend | None = None) -> None:
-        self.guard, self.inner = guard, inner or httpcore.AnyIOBackend()
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        refused: httpcore.ConnectError | None = None
-        for address in await self.guard.addresses(host, port):
-            try:
-                return await self.inner.connect_tcp(
-                    str(address), port, timeout, local_address, socket_options
-                )
-            except httpcore.ConnectError as exc:
-                refused = exc
-        assert refused is not None  # addresses() never answers an empty list
-        raise refused
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        raise DestinationRefused(Failure(Reason.FORBIDDEN, "hooks never use a Unix socket"))
-
-    async def sleep(self, seconds: float) -> None:
-        await self.inner.sleep(seconds)
+Origin = tuple[str, str, int]  # scheme, host, port: what a kept connection may serve again
 
 
-class GuardedTransport(httpx.AsyncHTTPTransport):
-    """httpx's transport over a pool whose network backend is `GuardedBackend` (httpx
-    takes no backend of its own, so the pool it built is replaced by an equal one)."""
+class ConnectFailed(Exception):
+    """No address of the receiver's host took the connection (the last one's error is the
+    cause)."""
+
+
+class ExchangeFailed(Exception):
+    """The connection was made, but the HTTP exchange broke off before a full answer."""
+
+
+class Poster(Protocol):
+    """What the deliverer POSTs through (HookClient; a test's stand-in)."""
+
+    async def post(self, to: Destination, body: bytes, headers: Mapping[str, str]) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+
+class HookClient:
+    """POSTs to receivers over HTTP/1.1, keep-alive: h11 (httpx's own HTTP/1.1 machine)
+    on asyncio's transports, each connection made by `Guard` only.
+
+    Each POST is a `Destination` (the URL as the rule parsed and checked it), a body and
+    headers; its answer is the status code. A connection is kept for the next POST to
+    the same origin when the answer was read to its end within DRAIN_BYTES, and closed
+    otherwise, or once idle for `keepalive` seconds, or when the receiver says anything
+    while it is idle. At most `connections` are kept idle; the deliverer's own bound on
+    POSTs in flight bounds the busy ones. No proxy, no redirect (a 3xx is an answer like
+    any other), no cookies, no HTTP/2: what httpx did for us here, without its cost per
+    request (httpx took 600 us of CPU a POST on loopback, the whole deliverer's budget).
+    """
 
     def __init__(
-        self, guard: Guard, *, verify: ssl.SSLContext | bool, limits: httpx.Limits
+        self,
+        guard: Guard,
+        *,
+        connections: int,
+        verify: ssl.SSLContext | bool = True,
+        keepalive: float = KEEPALIVE_SECONDS,
     ) -> None:
-        super().__init__(verify=verify, limits=limits, trust_env=False)
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            network_backend=GuardedBackend(guard),
-        )
+        self.guard, self.keep_at_most, self.keepalive = guard, connections, keepalive
+        self.tls = httpx.create_ssl_context(verify=verify, trust_env=False)
+        self.tls.set_alpn_protocols(["http/1.1"])
+        self.idle: dict[Origin, list[_Connection]] = {}
+
+    async def post(self, to: Destination, body: bytes, headers: Mapping[str, str]) -> int:
+        """The receiver's status code; ConnectFailed, ExchangeFailed, DestinationRefused,
+        an ssl.SSLError or an OSError otherwise. Bound it with a timeout: nothing here
+        waits on its own clock."""
+        url = to.url
+        origin = (url.scheme, to.host, url.port or (443 if url.scheme == "https" else 80))
+        request = _request(url, body, headers)
+        connection = self._kept(origin) or await self._connect(origin, url)
+        try:
+            status, reusable = await connection.exchange(request)
+        except BaseException:  # a cancel (timeout) included: the connection is spent
+            connection.close()
+            raise
+        if reusable and sum(map(len, self.idle.values())) < self.keep_at_most:
+            connection.idle_since = time.monotonic()
+            self.idle.setdefault(origin, []).append(connection)
+        else:
+            connection.close()
+        return status
+
+    async def aclose(self) -> None:
+        for kept in self.idle.values():
+            for connection in kept:
+                connection.close()
+        self.idle.clear()
+
+    def _kept(self, origin: Origin) -> _Connection | None:
+        kept = self.idle.get(origin)
+        now = time.monotonic()
+        while kept:
+            connection = kept.pop()  # the most recent: the others may expire
+            if not connection.broken and now - connection.idle_since < self.keepalive:
+                return connection
+            connection.close()
+        return None
+
+    async def _connect(self, origin: Origin, url: httpx.URL) -> _Connection:
+        """A connection to the first checked address of the host that takes it; TLS names
+        the URL's host (SNI, and the name the certificate must carry)."""
+        scheme, host, port = origin
+        loop = asyncio.get_running_loop()
+        failed: OSError | None = None
+        for address in await self.guard.addresses(host, port):
+            try:
+                _, connection = await loop.create_connection(
+                    _Connection,
+                    str(address),
+                    port,
+                    ssl=self.tls if scheme == "https" else None,
+                    server_hostname=url.raw_host.decode("ascii") if scheme == "https" else None,
+                )
+                return connection
+            except ssl.SSLError:  # the receiver answered: its certificate is the failure
+                raise
+            except OSError as exc:
+                failed = exc
+        raise ConnectFailed("could not connect") from failed
+
+
+# What a POST fails with, short of a timeout: each has its meaning in `failure_of`.
+POST_ERRORS = (ConnectFailed, ExchangeFailed, DestinationRefused, h11.ProtocolError, OSError)
+
+
+def _request(url: httpx.URL, body: bytes, headers: Mapping[str, str]) -> list[h11.Event]:
+    head = [("host", url.netloc.decode("ascii")), *headers.items()]
+    head.append(("content-length", str(len(body))))
+    return [
+        h11.Request(method="POST", target=url.raw_path, headers=head),
+        h11.Data(data=body),
+        h11.EndOfMessage(),
+    ]
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection: one exchange at a time, read into h11 as bytes arrive."""
+
+    def __init__(self) -> None:
+        self.http = h11.Connection(h11.CLIENT)
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.busy = self.broken = self.ended = False
+        self.received = 0  # bytes of this exchange's answer
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy:  # a byte nobody asked for: this connection is not to be trusted
+            self.close()
+            return
+        self.received += len(data)
+        self.http.receive_data(data)
+        if self.received > READ_BYTES and self.transport is not None:
+            self.transport.pause_reading()  # what is left unread ends with the connection
+        self._wake()
+
+    def eof_received(self) -> None:
+        self._ended()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.broken = True
+        self._ended()
+
+    def _ended(self) -> None:
+        self.broken = True
+        if not self.ended:
+            self.ended = True
+            if self.busy:
+                self.http.receive_data(b"")
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def close(self) -> None:
+        self.broken = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def exchange(self, request: list[h11.Event]) -> tuple[int, bool]:
+        """Send a request, read its answer (the body up to DRAIN_BYTES, then no more): the
+        status code, and whether the connection can carry another exchange."""
+        assert self.transport is not None
+        self.busy, self.received = True, 0
+        self.transport.write(b"".join(self.http.send(event) or b"" for event in request))
+        while not isinstance(event := await self._next(), h11.Response):
+            if isinstance(event, h11.ConnectionClosed):
+                raise ExchangeFailed("the receiver closed the connection without an answer")
+            # A 1xx answer: the real one follows.
+        status = event.status_code
+        length = dict(event.headers).get(b"content-length", b"")
+        if length.isdigit() and int(length) > DRAIN_BYTES:
+            return status, False
+        drained = 0
+        while True:
+            event = await self._next()
+            if isinstance(event, h11.Data):
+                drained += len(event.data)
+                if drained > DRAIN_BYTES:
+                    return status, False
+            elif isinstance(event, h11.EndOfMessage):
+                self.busy = False
+                states = (self.http.our_state, self.http.their_state)
+                reusable = not self.broken and states == (h11.DONE, h11.DONE)  # keep-alive
+                if reusable:
+                    self.http.start_next_cycle()
+                return status, reusable
+            else:  # ConnectionClosed: an answer whose end is the connection's
+                return status, False
+
+    async def _next(self) -> h11.Event:
+        while (event := self.http.next_event()) is h11.NEED_DATA:
+            if self.ended:  # never so: h11 has the end, and says so itself
+                raise ExchangeFailed("the receiver closed the connection mid-answer")
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        assert isinstance(event, h11.Event)  # PAUSED comes only after an answer's end
+        return event
 
 
 def client(
@@ -177,15 +346,10 @@ def client(
     timeout: float,
     connections: int,
     verify: ssl.SSLContext | bool = True,
-) -> httpx.AsyncClient:
-    """The deliverer's HTTP client: guarded connections, no redirects, no proxies."""
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    return httpx.AsyncClient(
-        transport=GuardedTransport(guard, verify=verify, limits=limits),
-        timeout=httpx.Timeout(timeout),
-        follow_redirects=False,
-        trust_env=False,
-    )
+) -> HookClient:
+    """The deliverer's HTTP client: guarded connections, no redirects, no proxies. The
+    deliverer bounds each POST by `timeout` from connect to answer (worker/hooks.py)."""
+    return HookClient(guard, connections=connections, verify=verify)
 
 
 def failure_of(exc: BaseException) -> Failure:
@@ -205,14 +369,14 @@ def failure_of(exc: BaseException) -> Failure:
             return Failure(Reason.TLS, f"TLS failed: {why}")
         if isinstance(cause, ConnectionRefusedError):
             return Failure(Reason.REFUSED, "connection refused")
-        if isinstance(cause, httpx.TimeoutException | TimeoutError):
+        if isinstance(cause, TimeoutError):
             return Failure(Reason.TIMEOUT, "no answer in time")
     for cause in _chain(exc):
         if isinstance(cause, httpx.InvalidURL | UnicodeError):
             return Failure(Reason.FORBIDDEN, "the URL cannot be sent to")
-        if isinstance(cause, httpx.ConnectError):
+        if isinstance(cause, ConnectFailed):
             return Failure(Reason.NETWORK, "could not connect")
-        if isinstance(cause, httpx.HTTPError | OSError):
+        if isinstance(cause, ExchangeFailed | h11.ProtocolError | OSError):
             return Failure(Reason.NETWORK, "the HTTP exchange failed")
     return Failure(Reason.INTERNAL, f"mailbag failed ({type(exc).__name__}); see its log")
 

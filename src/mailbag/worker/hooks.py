@@ -3,9 +3,11 @@
 Each round (`run_once`, every POLL_INTERVAL): sweep deliveries whose lease ran out, then
 claim due deliveries under a lease and POST each, signed (Standard Webhooks,
 domain/hooks.py), each bounded by HOOK_TIMEOUT_SECONDS from connect to answer. A delivery
-goes as soon as there is room for it, and its result is recorded as soon as it is known:
-the round reads the queue again whenever POSTs finish (or every POLL_INTERVAL while some
-are in flight), so a receiver that hangs holds only its own deliveries.
+goes as soon as there is room for it, and its result is recorded as soon as the round
+reads the queue again: whenever POSTs finish (or every POLL_INTERVAL while some are in
+flight), one transaction records every POST that finished (one statement per kind of
+outcome, store/hooks.py `settle_claims`) and claims what the room left allows, so a
+receiver that hangs holds only its own deliveries.
 
 Fairness between endpoints (store/hooks.py `Fairness`): at most
 HOOK_MAX_IN_FLIGHT_PER_ENDPOINT of one endpoint's deliveries in flight; after
@@ -36,7 +38,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mailbag import log, metrics
@@ -70,6 +71,9 @@ class HookConfig:
     )
     batch_size: int = 50  # deliveries in flight at once, across endpoints
     every: float = 1.0
+    # How long a turn waits for POSTs just started (`_gather`): about one answer from a
+    # receiver on the same network.
+    gather: float = 0.002
     db_timeout: float = 5.0
     fairness: store.Fairness = field(default_factory=store.Fairness)
     destinations: hook_urls.Policy = field(default_factory=hook_urls.Policy)
@@ -98,6 +102,16 @@ class HookConfig:
 class _InFlight:
     token: uuid.UUID
     claimed: store.ClaimedDelivery
+    since: float  # time.monotonic() when its POST started
+
+
+@dataclass(frozen=True)
+class _Target:
+    secret: bytes
+    to: hook_urls.Destination
+
+
+TARGETS_KEPT = 10_000  # endpoints' opened secrets and checked URLs kept (then all dropped)
 
 
 class HookDeliverer:
@@ -107,7 +121,7 @@ class HookDeliverer:
         box: SecretBox,
         config: HookConfig,
         *,
-        client: httpx.AsyncClient | None = None,
+        client: hook_http.Poster | None = None,
         guard: hook_http.Guard | None = None,
         clock: Clock = utcnow,
         rng: random.Random | None = None,
@@ -121,6 +135,7 @@ class HookDeliverer:
         )
         self.log = log.get("mailbag.hooks", worker_id=config.worker_id)
         self.releasing: set[asyncio.Future[None]] = set()
+        self.targets: dict[tuple[str, str], _Target | Failure] = {}
 
     async def aclose(self) -> None:
         # A run cancelled with POSTs in flight hands them back in a task of its own (so the
@@ -131,36 +146,48 @@ class HookDeliverer:
 
     async def run_once(self, now: datetime | None = None) -> Mapping[str, int]:
         """Sweep, then deliver until nothing is due and nothing is in flight; what
-        happened, by outcome (only those that happened)."""
+        happened, by outcome (only those that happened).
+
+        Each turn is one transaction (store.turn): record the POSTs that finished since the
+        last one, then claim as many due deliveries as there is room for. The two go
+        together because a finished POST's row still counts in flight for its endpoint
+        (Fairness) until it is recorded: a claim in the same transaction sees the room
+        the recording made."""
         counts: Counter[str] = Counter()
         await self._sweep(now or self.clock(), counts)
         swept_at = time.monotonic()
         in_flight: dict[asyncio.Task[store.Attempted], _InFlight] = {}
+        finished: dict[uuid.UUID, list[store.Attempted]] = {}  # by claim token
         try:
             look = True
             while True:
-                room = self.config.batch_size - len(in_flight)
-                if look and room > 0:
-                    claim = await self._run(
-                        store.claim(
+                room = self.config.batch_size - len(in_flight) if look else 0
+                if finished or room > 0:
+                    settled, claim = await self._run(
+                        store.turn(
+                            finished,
                             worker_id=self.config.worker_id,
                             now=self.clock(),
                             lease=self.config.lease,
                             limit=room,
                             fairness=self.config.fairness,
-                        )
+                        ),
+                        at_once=True,
                     )
+                    finished = {}
+                    self._count(settled, counts)
                     for claimed in claim.deliveries:
                         task = asyncio.create_task(self.attempt(claimed))
-                        in_flight[task] = _InFlight(claim.token, claimed)
-                    look = len(claim.deliveries) == room  # full: more may be due
+                        in_flight[task] = _InFlight(claim.token, claimed, time.monotonic())
+                    look = len(claim.deliveries) == room > 0  # full: more may be due
                 if not in_flight:
                     break
                 done, _ = await asyncio.wait(
                     in_flight, timeout=self.config.every, return_when=asyncio.FIRST_COMPLETED
                 )
-                if done:
-                    await self._record({task: in_flight.pop(task) for task in done}, counts)
+                done |= await self._gather(in_flight, done)
+                for task in done:
+                    finished.setdefault(in_flight.pop(task).token, []).append(task.result())
                 look = True  # slots freed, or a poll interval passed: read the queue again
                 if time.monotonic() - swept_at >= self.config.every:
                     await self._sweep(self.clock(), counts)
@@ -172,6 +199,28 @@ class HookDeliverer:
                 release.add_done_callback(self.releasing.discard)
                 await asyncio.shield(release)
         return dict(counts)
+
+    async def _gather(
+        self,
+        in_flight: Mapping[asyncio.Task[store.Attempted], _InFlight],
+        done: set[asyncio.Task[store.Attempted]],
+    ) -> set[asyncio.Task[store.Attempted]]:
+        """Of the POSTs started less than `gather` seconds ago, those that finish before the
+        oldest of them is that old: POSTs claimed together go out and answer together, and
+        a turn that waits for them records (and claims) them all at once instead of one
+        turn for each. A POST older than that is slow, and no turn waits for it: a hanging
+        receiver holds nobody's turn."""
+        now = time.monotonic()
+        young = [
+            t
+            for t, held in in_flight.items()
+            if t not in done and now - held.since < self.config.gather
+        ]
+        if not young or not done:
+            return set()
+        oldest = min(in_flight[t].since for t in young)
+        more, _ = await asyncio.wait(young, timeout=self.config.gather - (now - oldest))
+        return more
 
     async def _sweep(self, now: datetime, counts: Counter[str]) -> None:
         swept = await self._run(store.sweep(now=now, actor=self.config.worker_id))
@@ -188,41 +237,15 @@ class HookDeliverer:
                 dead=delivery.status.value == "dead",
             )
 
-    async def _record(
-        self, done: dict[asyncio.Task[store.Attempted], _InFlight], counts: Counter[str]
-    ) -> None:
-        """Record finished POSTs, one transaction for all of them (one settle per claim)."""
-        by_token: dict[uuid.UUID, list[store.Attempted]] = {}
-        for task, held in done.items():
-            by_token.setdefault(held.token, []).append(task.result())
-        settled = await self._run(self._settle_all(by_token))
-        for batch in settled:
-            for delivery in batch.deliveries:
-                metrics.HOOK_DELIVERIES.labels(delivery.status.value).inc()
-                counts[f"hooks_{delivery.status.value}"] += 1
-            for endpoint_id, until in batch.paused.items():
-                metrics.HOOK_ENDPOINT_PAUSES.inc()
-                self.log.warning(
-                    "hook_endpoint_paused", endpoint_id=str(endpoint_id), until=until.isoformat()
-                )
-
-    def _settle_all(
-        self, by_token: Mapping[uuid.UUID, list[store.Attempted]]
-    ) -> Plan[list[store.Settled]]:
-        settled = []
-        for token, results in by_token.items():
-            settled.append(
-                (
-                    yield from store.settle(
-                        token=token,
-                        results=results,
-                        now=self.clock(),
-                        actor=self.config.worker_id,
-                        breaker=self.config.fairness.breaker,
-                    )
-                )
+    def _count(self, settled: store.Settled, counts: Counter[str]) -> None:
+        for delivery in settled.deliveries:
+            metrics.HOOK_DELIVERIES.labels(delivery.status.value).inc()
+            counts[f"hooks_{delivery.status.value}"] += 1
+        for endpoint_id, until in settled.paused.items():
+            metrics.HOOK_ENDPOINT_PAUSES.inc()
+            self.log.warning(
+                "hook_endpoint_paused", endpoint_id=str(endpoint_id), until=until.isoformat()
             )
-        return settled
 
     async def _release(self, in_flight: dict[asyncio.Task[store.Attempted], _InFlight]) -> None:
         """Give deliveries back unrecorded (no attempt spent), so the next worker need not
@@ -236,7 +259,14 @@ class HookDeliverer:
                 store.Attempted(held.claimed.delivery.id, DAction.RELEASE)
             )
         try:
-            await self._run(self._settle_all(by_token))
+            await self._run(
+                store.settle_claims(
+                    by_token,
+                    now=self.clock(),
+                    actor=self.config.worker_id,
+                    breaker=self.config.fairness.breaker,
+                )
+            )
         except DB_ERRORS as exc:  # the lease runs out instead, and the sweep retries them
             self.log.warning("hook_release_failed", error=describe(exc))
 
@@ -282,17 +312,12 @@ class HookDeliverer:
 
     async def _post(self, claimed: store.ClaimedDelivery) -> tuple[int | None, Failure | None]:
         delivery = claimed.delivery
-        try:
-            secret = parse_secret(self.box.open(claimed.sealed_secret))
-        except (WrongHooksKey, ValueError) as exc:
-            return None, Failure(Reason.INTERNAL, str(exc))
-        try:  # the rule again: an endpoint stored before it (or under a looser one)
-            hook_urls.check(claimed.url, self.config.destinations)
-        except hook_urls.UnsafeUrl as exc:
-            return None, Failure(Reason.FORBIDDEN, f"the URL {exc}")
+        target = self._target(claimed)
+        if isinstance(target, Failure):
+            return None, target
         body = delivery.payload.encode()
         headers = {
-            **signed_headers(secret, delivery.webhook_id, int(time.time()), body),
+            **signed_headers(target.secret, delivery.webhook_id, int(time.time()), body),
             "content-type": "application/json",
             "user-agent": USER_AGENT,
         }
@@ -301,24 +326,47 @@ class HookDeliverer:
             # The whole exchange, not each phase: a receiver answering one byte at a time
             # must not hold its slot (and the lease) longer than the timeout.
             async with asyncio.timeout(self.config.timeout):
-                async with self.client.stream(
-                    "POST", claimed.url, content=body, headers=headers
-                ) as response:
-                    await _drain(response)
-                    return response.status_code, hook_http.answered(response.status_code)
+                status_code = await self.client.post(target.to, body, headers)
+            return status_code, hook_http.answered(status_code)
         except TimeoutError:
             return None, Failure(Reason.TIMEOUT, f"no answer within {self.config.timeout:g} s")
-        except (httpx.HTTPError, OSError, hook_http.DestinationRefused) as exc:
+        except hook_http.POST_ERRORS as exc:
             return None, hook_http.failure_of(exc)
         finally:
             metrics.HOOK_POST_SECONDS.observe(time.perf_counter() - started)
 
-    async def _run(self, plan: Plan[T]) -> T:
-        """`plan` in a transaction, within DB_TIMEOUT. A cancel (the worker stopping) waits
-        for the transaction in flight to end (DB_TIMEOUT at most) instead of cutting it:
-        cut on aiosqlite, it held SQLite's write lock against the release that follows,
-        and its connection's close could wait on its thread past the event loop's end."""
-        work = asyncio.ensure_future(within(self.config.db_timeout, self._transaction(plan)))
+    def _target(self, claimed: store.ClaimedDelivery) -> _Target | Failure:
+        """The endpoint's secret, opened, and its URL, checked against the rule again (an
+        endpoint stored before it, or under a looser one): once per endpoint URL and
+        sealed secret, not once per POST (Fernet and the URL parser cost more than the
+        POST). What cannot be opened or sent to is a failure of each of its deliveries."""
+        key = (claimed.url, claimed.sealed_secret)
+        found = self.targets.get(key)
+        if found is None:
+            if len(self.targets) >= TARGETS_KEPT:
+                self.targets.clear()
+            found = self.targets[key] = self._open(claimed)
+        return found
+
+    def _open(self, claimed: store.ClaimedDelivery) -> _Target | Failure:
+        try:
+            secret = parse_secret(self.box.open(claimed.sealed_secret))
+        except (WrongHooksKey, ValueError) as exc:
+            return Failure(Reason.INTERNAL, str(exc))
+        try:
+            return _Target(secret, hook_urls.check(claimed.url, self.config.destinations))
+        except hook_urls.UnsafeUrl as exc:
+            return Failure(Reason.FORBIDDEN, f"the URL {exc}")
+
+    async def _run(self, plan: Plan[T], *, at_once: bool = False) -> T:
+        """`plan` in a transaction, within DB_TIMEOUT; `at_once`: what it yields together
+        is sent at once (AsyncDatabase.run_at_once: a turn in two round trips). A cancel
+        (the worker stopping) waits for the transaction in flight to end (DB_TIMEOUT at
+        most) instead of cutting it: cut on aiosqlite, it held SQLite's write lock against
+        the release that follows, and its connection's close could wait on its thread past
+        the event loop's end."""
+        transaction = self.db.run_at_once(plan) if at_once else self._transaction(plan)
+        work = asyncio.ensure_future(within(self.config.db_timeout, transaction))
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -328,19 +376,6 @@ class HookDeliverer:
     async def _transaction(self, plan: Plan[T]) -> T:
         async with self.db.transaction() as tx:
             return await tx.run(plan)
-
-
-async def _drain(response: httpx.Response) -> None:
-    """Read a small answer to its end, so its connection can carry the next POST; a large
-    one is left unread (the connection closes). What it said is never kept."""
-    length = response.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > hook_http.DRAIN_BYTES:
-        return
-    read = 0
-    async for chunk in response.aiter_raw():
-        read += len(chunk)
-        if read > hook_http.DRAIN_BYTES:
-            return
 
 
 def deliverer(settings: Settings, engine: AsyncEngine) -> HookDeliverer | None:
