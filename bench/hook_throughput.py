@@ -195,6 +195,13 @@ class Receiver:
     healthy: int
     hanging: int
 
+    def __post_init__(self) -> None:
+        import httpx
+
+        # One client for the whole run: a new one per question costs the machine more CPU
+        # than the receiver spends on the deliveries being measured.
+        self.control = httpx.Client(base_url=f"http://127.0.0.1:{self.healthy}", trust_env=False)
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.healthy}{PATH}"
@@ -204,14 +211,10 @@ class Receiver:
         return f"http://127.0.0.1:{self.hanging}{PATH}"
 
     def reset(self, secret: bytes | None = None) -> None:
-        import httpx
-
-        httpx.post(f"http://127.0.0.1:{self.healthy}/reset", content=secret or b"")
+        self.control.post("/reset", content=secret or b"")
 
     def stats(self) -> dict[str, Any]:
-        import httpx
-
-        return dict(httpx.get(f"http://127.0.0.1:{self.healthy}/stats").json())
+        return dict(self.control.get("/stats").json())
 
 
 def _env() -> dict[str, str]:
@@ -232,7 +235,9 @@ def receiver() -> Iterator[Receiver]:
     try:
         assert process.stdout is not None
         ports = json.loads(process.stdout.readline())
-        yield Receiver(process, ports["healthy"], ports["hanging"])
+        found = Receiver(process, ports["healthy"], ports["hanging"])
+        yield found
+        found.control.close()
     finally:
         process.kill()
         process.wait()
@@ -400,11 +405,14 @@ def delivery_run(
                 start_new_session=True,
             )
             try:
-                wait_until(
-                    lambda: worker.poll() is None and rx.stats()["unique"] >= healthy,
-                    timeout=timeout,
-                    interval=0.05,
-                )
+
+                def arrived() -> bool:
+                    if worker.poll() is not None:
+                        raise RuntimeError(f"the worker exited with {worker.returncode}")
+                    return bool(rx.stats()["unique"] >= healthy)
+
+                # The receiver keeps the last arrival's time itself: no need to ask often.
+                wait_until(arrived, timeout=timeout, interval=0.1)
                 time.sleep(0.2)  # a duplicate would arrive now
                 seen = rx.stats()
             finally:
@@ -482,6 +490,26 @@ def _counting_worker(out: Path) -> None:
         entry[1] += max(cursor.rowcount, 0)
         entry[2] += time.perf_counter() - conn.info.pop("bench_started", time.perf_counter())
 
+    # Batches sent at once (store/pipeline.py) go past SQLAlchemy's events: one entry per
+    # batch, its statements' first words, timed from its first byte out to its last in.
+    from mailbag.store import pipeline
+
+    send = pipeline._send
+
+    async def counted(pg: Any, dialect: Any, steps: Any, **given: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await send(pg, dialect, steps, **given)
+        finally:
+            key = "at once: " + " | ".join(
+                " ".join(pipeline.compiled(step.statement, dialect).sql.split())[:40]
+                for step in steps
+            )
+            entry = calls.setdefault(key, [0, 0, 0.0])
+            entry[0] += 1
+            entry[2] += time.perf_counter() - started
+
+    pipeline._send = counted
     settings = Settings()
     log.configure(settings.log_level)
     try:
@@ -507,40 +535,57 @@ def spread(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One code and settings to measure: `src` (a checkout's src/), MAILBAG_ settings."""
+
+    name: str
+    src: Path
+    settings: dict[str, str]
+
+
 def measure(
-    *, messages: int, hanging: int, rounds: int, concurrency: int, src: Path
+    *, messages: int, hanging: int, rounds: int, concurrency: int, variants: list[Variant]
 ) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {"raw": [], "httpx": [], "alone": [], "hanging": []}
+    """Every yardstick and every variant's runs, once a round, interleaved."""
+    runs: dict[str, list[dict[str, Any]]] = {"raw": [], "httpx": []}
     with receiver() as rx:
         for round_ in range(rounds):
             runs["raw"].append(yardstick("raw", rx, messages, concurrency))
             runs["httpx"].append(yardstick("httpx", rx, messages, concurrency))
-            runs["alone"].append(delivery_run(rx, messages, src=src))
-            if hanging:
-                runs["hanging"].append(delivery_run(rx, messages, hanging, src=src))
+            for variant in variants:
+                env = {f"MAILBAG_{k.upper()}": v for k, v in variant.settings.items()}
+                scenarios = {"alone": 0, "hanging": hanging} if hanging else {"alone": 0}
+                for scenario, stuck in scenarios.items():
+                    run = delivery_run(rx, messages, stuck, src=variant.src, extra_env=env)
+                    runs.setdefault(f"{variant.name}: {scenario}", []).append(run)
             print(
                 f"round {round_ + 1}: "
-                + ", ".join(f"{k} {v[-1]['per_second']:.0f}/s" for k, v in runs.items() if v),
+                + ", ".join(f"{k} {v[-1]['per_second']:.0f}/s" for k, v in runs.items()),
                 file=sys.stderr,
             )
     result: dict[str, Any] = {
-        "src": str(src),
         "messages": messages,
         "hanging_messages": hanging,
         "rounds": rounds,
         "client_concurrency": concurrency,
+        "variants": [{"name": v.name, "src": str(v.src), "settings": v.settings} for v in variants],
     }
     for name, values in runs.items():
-        if values:
-            result[name] = {
-                "per_second": spread([v["per_second"] for v in values]),
-                "runs": values,
-            }
-    alone = result["alone"]["per_second"]["median"]
-    result["alone_of_receiver_ceiling"] = alone / result["raw"]["per_second"]["median"]
-    result["alone_of_httpx_loop"] = alone / result["httpx"]["per_second"]["median"]
-    if hanging:
-        result["loss_beside_hanging"] = 1 - result["hanging"]["per_second"]["median"] / alone
+        result[name] = {"per_second": spread([v["per_second"] for v in values]), "runs": values}
+    ceiling = result["raw"]["per_second"]["median"]
+    for variant in variants:
+        alone = result[f"{variant.name}: alone"]["per_second"]["median"]
+        summary: dict[str, float] = {
+            "alone_per_second": alone,
+            "of_receiver_ceiling": alone / ceiling,
+            "of_httpx_loop": alone / result["httpx"]["per_second"]["median"],
+        }
+        if hanging:
+            beside = result[f"{variant.name}: hanging"]["per_second"]["median"]
+            summary["beside_hanging_per_second"] = beside
+            summary["loss_beside_hanging"] = 1 - beside / alone
+        result[f"{variant.name}: summary"] = summary
     return result
 
 
@@ -553,6 +598,16 @@ def main() -> None:
         "--concurrency", type=int, default=4, help="the yardsticks' (HOOK_MAX_IN_FLIGHT...)"
     )
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="the code to run")
+    parser.add_argument(
+        "--before", type=Path, help="another checkout's src/, measured in the same rounds"
+    )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="also measure this code with a setting (HOOK_MAX_IN_FLIGHT_PER_ENDPOINT=32)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--client", choices=["raw", "httpx"], help=argparse.SUPPRESS)
@@ -569,16 +624,22 @@ def main() -> None:
         run = _raw_client if args.client == "raw" else _httpx_client
         print(asyncio.run(run(args.port, args.messages, args.concurrency)))
         return
+    variants = [Variant("mailbag", args.src.resolve(), {})]
+    if args.before:
+        variants.append(Variant("before", args.before.resolve(), {}))
+    for setting in args.setting:
+        name, _, value = setting.partition("=")
+        variants.append(Variant(f"mailbag, {name}={value}", args.src.resolve(), {name: value}))
     result = measure(
         messages=args.messages,
         hanging=args.hanging,
         rounds=args.rounds,
         concurrency=args.concurrency,
-        src=args.src.resolve(),
+        variants=variants,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2, default=str))
+    print(json.dumps({k: v for k, v in result.items() if "summary" in k}, indent=2))
 
 
 if __name__ == "__main__":
