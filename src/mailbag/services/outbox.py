@@ -24,7 +24,7 @@ from mailbag.domain.policy import RetryPolicy
 from mailbag.services.templates import pinned
 from mailbag.store import enqueue as store
 from mailbag.store import sender_domains
-from mailbag.store.enqueue import Enqueued
+from mailbag.store.enqueue import Enqueued as Enqueued  # what write_many answers, for its callers
 from mailbag.store.plan import Plan, options_of
 from mailbag.store.session import AsyncSession, Session
 from mailbag.store.suppressions import ERASURE_KEY_OPTION
