@@ -106,7 +106,7 @@ def deliverer(
         every=config.pop("every", 0.05),
         **config,
     )
-    client = hook_http.client(guard, timeout=settings.timeout, connections=50, verify=verify)
+    client = hook_http.HookClient(guard, connections=50, verify=verify)
     # The deliveries' clock stands still: a retry's full jitter may be a few milliseconds,
     # and a retry due again within the same round would make the counts a matter of luck.
     return HookDeliverer(async_engine, BOX, settings, client=client, clock=lambda: T0)

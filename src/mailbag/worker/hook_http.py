@@ -340,18 +340,6 @@ class _Connection(asyncio.Protocol):
         return event
 
 
-def client(
-    guard: Guard,
-    *,
-    timeout: float,
-    connections: int,
-    verify: ssl.SSLContext | bool = True,
-) -> HookClient:
-    """The deliverer's HTTP client: guarded connections, no redirects, no proxies. The
-    deliverer bounds each POST by `timeout` from connect to answer (worker/hooks.py)."""
-    return HookClient(guard, connections=connections, verify=verify)
-
-
 def failure_of(exc: BaseException) -> Failure:
     """What an exception raised by a POST means, from the first cause in its chain that
     this table knows; texts are mailbag's own, never the exception's (an HTTP parser's

@@ -128,10 +128,8 @@ class HookDeliverer:
     ) -> None:
         self.db, self.box, self.config, self.clock = AsyncDatabase(engine), box, config, clock
         self.rng = rng or random.Random()
-        self.client = client or hook_http.client(
-            guard or hook_http.Guard(config.destinations),
-            timeout=config.timeout,
-            connections=config.batch_size,
+        self.client = client or hook_http.HookClient(
+            guard or hook_http.Guard(config.destinations), connections=config.batch_size
         )
         self.log = log.get("mailbag.hooks", worker_id=config.worker_id)
         self.releasing: set[asyncio.Future[None]] = set()
