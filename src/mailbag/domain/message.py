@@ -12,7 +12,12 @@ from typing import Any, TypedDict
 
 import idna
 from email_validator import EmailNotValidError, validate_email
-from email_validator.rfc_constants import DOT_ATOM_TEXT, EMAIL_MAX_LENGTH, LOCAL_PART_MAX_LENGTH
+from email_validator.rfc_constants import (
+    CASE_INSENSITIVE_MAILBOX_NAMES,
+    DOT_ATOM_TEXT,
+    EMAIL_MAX_LENGTH,
+    LOCAL_PART_MAX_LENGTH,
+)
 
 from mailbag.domain import storable
 from mailbag.domain.bulk import BULK_TAG
@@ -264,6 +269,8 @@ def _plain(local: str, at: str, domain: str) -> str | None:
     A bulk list holds thousands of addresses on a few domains, and the domain is most of
     the library's cost (IDNA, UTS #46): it is checked once per domain."""
     if not at or len(local) > LOCAL_PART_MAX_LENGTH or not DOT_ATOM_TEXT.match(local):
+        return None
+    if local.lower() in CASE_INSENSITIVE_MAILBOX_NAMES:  # RFC 2142: the library lowercases
         return None
     if (domains := _domain(domain)) is None:
         return None
