@@ -2106,7 +2106,7 @@ UPDATE hook_endpoints SET paused_until=:paused_until WHERE hook_endpoints.id = :
 -- name: hooks.finalize_claims --
 -- `finalize` for the attempts of several claims (by claim token) at once: one UPDATE for each kind
 -- of outcome, however many deliveries and claims, each row guarded by its own claim's token and
--- given its own status code, error and due time (`PerDelivery`).
+-- given its own status code, error and due time (store.per_row.PerRow).
 -- step 1 of 6
 SELECT hook_deliveries.id, hook_deliveries.status AS previous_state
 FROM hook_deliveries

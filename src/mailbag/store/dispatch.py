@@ -16,17 +16,13 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     and_,
-    any_,
     bindparam,
     case,
-    cast,
     func,
     literal,
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.sql.elements import Grouping
 
 from mailbag.domain.content import HEAD_START, Priority, head_start
 from mailbag.domain.delivery import Decision
@@ -44,6 +40,7 @@ from mailbag.store.message_transitions import (
     settled_from_row,
     transition,
 )
+from mailbag.store.per_row import PerRow
 from mailbag.store.plan import Plan, Step, current_dialect
 from mailbag.store.schema import message_events
 from mailbag.store.transition import NOW, EventSpec
@@ -226,7 +223,7 @@ def finalize(
     dialect = yield from current_dialect()
     changed: list[Changed[Settled]] = []
     for (action, keep_attempt, waits), group in groups.items():
-        rows = PerRow(list(group), arrays=dialect == "postgresql", now=now)
+        rows = PerRow(list(group), om.c.id, arrays=dialect == "postgresql", now=now)
         values = _finalize_values(action, keep_attempt, waits, group, now, provider, rows)
         ours = om.c.claim_token == rows.bind("token", token, om.c.claim_token.type)
         changed += yield from transition(
@@ -311,59 +308,6 @@ def _finalize_values(
 def _due_at(values: dict[str, Any], next_at: list[datetime], rows: PerRow) -> None:
     values["next_attempt_at"] = rows.value("next_attempt_at", next_at, UTCDateTime())
     values["claim_order_at"] = claim_order(next_at, rows)
-
-
-class PerRow:
-    """Per-row values in one set-based UPDATE of the rows `ids`: each `value` takes one
-    value per id, in the order of `ids`.
-
-    On PostgreSQL (`arrays`) every value is a named parameter, gathered in `params`: the
-    ids and each column's values go as arrays (the row's value is
-    `(values)[array_position(ids, id)]`), so the statement is the same for every batch of
-    the same kind of decision: built and compiled once, prepared once by psycopg.
-    Elsewhere literals: a `CASE id WHEN ... THEN ... END` and an IN list."""
-
-    def __init__(self, ids: list[uuid.UUID], *, arrays: bool, now: datetime) -> None:
-        self.ids, self.arrays = ids, arrays
-        self.params: dict[str, Any] = {}
-        self.now: Any = NOW if arrays else now  # apply_transition gives NOW its value
-        if arrays:
-            self._ids = _array("ids", ids, om.c.id.type, self.params)
-            self._position = func.array_position(self._ids, om.c.id)
-
-    def match(self) -> ColumnElement[bool]:
-        """The rows of `ids`."""
-        return om.c.id == any_(self._ids) if self.arrays else om.c.id.in_(self.ids)
-
-    def bind(self, name: str, value: Any, type_: Any) -> ColumnElement[Any]:
-        """One value for every row."""
-        if not self.arrays:
-            return literal(value, type_)
-        self.params[name] = value
-        return bindparam(name, type_=type_)
-
-    def value(self, name: str, values: Sequence[Any], type_: Any, keep: Any = None) -> Any:
-        """Each row's value; a row whose value is None keeps `keep` (the column's current
-        value) when it is given."""
-        if self.arrays:
-            picked = Grouping(_array(name, list(values), type_, self.params))[self._position]
-            return picked if keep is None else func.coalesce(picked, keep)
-        if len({repr(value) for value in values}) == 1:  # one value for the whole batch
-            if keep is not None and values[0] is None:
-                return keep
-            return literal(values[0], type_)
-        whens = {
-            key: literal(value, type_)
-            for key, value in zip(self.ids, values, strict=True)
-            if keep is None or value is not None
-        }
-        return case(whens, value=om.c.id, else_=keep if keep is not None else literal(None, type_))
-
-
-def _array(name: str, values: list[Any], type_: Any, params: dict[str, Any]) -> ColumnElement[Any]:
-    array_type = ARRAY(type_)
-    params[name] = values
-    return cast(bindparam(name, type_=array_type), array_type)
 
 
 def claim_order(

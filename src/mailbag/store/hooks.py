@@ -34,7 +34,6 @@ from sqlalchemy import (
     delete,
     func,
     insert,
-    literal,
     literal_column,
     or_,
     select,
@@ -42,7 +41,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.sql.elements import Grouping
 
 from mailbag.domain.hooks import (
     CLAIMABLE_DELIVERIES,
@@ -62,6 +60,7 @@ from mailbag.domain.hooks import (
 )
 from mailbag.domain.ids import uuid7
 from mailbag.domain.message import truncate_error
+from mailbag.store.per_row import PerRow
 from mailbag.store.plan import (
     Plan,
     Step,
@@ -522,7 +521,7 @@ def finalize_claims(
 ) -> Plan[list[HookDelivery]]:
     """`finalize` for the attempts of several claims (by claim token) at once: one UPDATE
     for each kind of outcome, however many deliveries and claims, each row guarded by its
-    own claim's token and given its own status code, error and due time (`PerDelivery`)."""
+    own claim's token and given its own status code, error and due time (store.per_row.PerRow)."""
     by_action: dict[DAction, list[tuple[uuid.UUID, Attempted]]] = {}
     for token, results in claims.items():
         for result in results:
@@ -533,7 +532,12 @@ def finalize_claims(
     done: list[HookDelivery] = []
     for action in sorted(by_action):  # one order for every worker: no lock-order deadlock
         group = by_action[action]
-        rows = PerDelivery([result.delivery_id for _, result in group], dialect=dialect)
+        rows = PerRow(
+            [result.delivery_id for _, result in group],
+            hd.c.id,
+            arrays=dialect == "postgresql",
+            now=now,
+        )
         values: dict[str, Any] = {**CLAIM_CLEARED}
         if action is not DAction.RELEASE:
             values |= {
@@ -546,7 +550,7 @@ def finalize_claims(
                 ),
             }
         if action is DAction.DELIVER:
-            values["delivered_at"] = rows.now(now)
+            values["delivered_at"] = rows.now
         due = [r.next_attempt_at for _, r in group]
         if any(at is not None for at in due):
             values["next_attempt_at"] = rows.value(
@@ -568,53 +572,6 @@ def finalize_claims(
         )
         done += [_delivery(row) for row, _ in changed]
     return done
-
-
-class PerDelivery:
-    """Per-row values in one set-based UPDATE of the deliveries `ids`: `value` takes one
-    value per id, in the order of `ids`.
-
-    On PostgreSQL every value is a named parameter gathered in `params`, the ids and each
-    column's values as arrays (a row's value is `(values)[array_position(ids, id)]`), so the
-    statement is the same for every batch of one kind: built, compiled and prepared once.
-    Elsewhere literals: an IN list, and a `CASE id WHEN ... THEN ... END` per column whose
-    values differ. (store/dispatch.py's PerRow is the same idea for messages.)"""
-
-    def __init__(self, ids: list[uuid.UUID], *, dialect: str) -> None:
-        self.ids, self.arrays = ids, dialect == "postgresql"
-        self.params: dict[str, Any] = {}
-        if self.arrays:
-            self._ids = self._array("ids", ids, hd.c.id.type)
-            self._position = func.array_position(self._ids, hd.c.id)
-
-    def match(self) -> ColumnElement[bool]:
-        """The rows of `ids`."""
-        return hd.c.id == any_(self._ids) if self.arrays else hd.c.id.in_(self.ids)
-
-    def now(self, now: datetime) -> Any:
-        """The time of the change (apply_transition gives a cached statement's NOW)."""
-        return NOW if self.arrays else now
-
-    def value(self, name: str, values: Sequence[Any], type_: Any, keep: Any = None) -> Any:
-        """Each row's value; a row whose value is None keeps `keep` (the column's current
-        value) when it is given."""
-        if self.arrays:
-            picked = Grouping(self._array(name, list(values), type_))[self._position]
-            return picked if keep is None else func.coalesce(picked, keep)
-        if len({repr(value) for value in values}) == 1:  # one value for the whole batch
-            if keep is not None and values[0] is None:
-                return keep
-            return literal(values[0], type_)
-        whens = {
-            key: literal(value, type_)
-            for key, value in zip(self.ids, values, strict=True)
-            if keep is None or value is not None
-        }
-        return case(whens, value=hd.c.id, else_=keep if keep is not None else literal(None, type_))
-
-    def _array(self, name: str, values: list[Any], type_: Any) -> ColumnElement[Any]:
-        self.params[name] = values
-        return _array(name, type_)
 
 
 @dataclass(frozen=True)
