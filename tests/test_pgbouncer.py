@@ -110,6 +110,35 @@ def test_the_server_ends_a_long_statement_and_an_idle_transaction(
         assert conn.execute(text("SELECT 1")).scalar_one() == 1
 
 
+async def test_a_pipelined_transaction_has_the_bounds_every_other_one_has(
+    db: ScratchDB, pgbouncer_url: str
+) -> None:
+    """store/pipeline.py sends BEGIN itself, outside SQLAlchemy's begin event: the bounds go
+    with it, in the same round trip, and end with the transaction."""
+    from mailbag.store.plan import Step, together
+    from mailbag.store.session import AsyncDatabase
+
+    engine = make_async_engine(pgbouncer_url, pool_size=1, statement_timeout=BOUND)
+    setting = text(
+        "SELECT current_setting('statement_timeout'),"
+        " current_setting('idle_in_transaction_session_timeout')"
+    )
+
+    def plan() -> Any:
+        first, second = yield from together(Step(setting), Step(setting), last=True)
+        return first.one(), second.one()
+
+    try:
+        inside = await AsyncDatabase(engine).run_at_once(plan())
+        async with engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            after = (await conn.execute(setting)).one()
+    finally:
+        await engine.dispose()
+    assert inside == (("1s", "1s"), ("1s", "1s"))
+    assert tuple(after) == ("0", "0")  # SET LOCAL: gone with the transaction
+
+
 async def test_repeated_statements_on_shared_server_connections_never_collide(
     db: ScratchDB, pgbouncer_url: str
 ) -> None:

@@ -138,6 +138,16 @@ def _configure_postgresql(engine: Engine, url: URL, statement_timeout: float | N
     def _bounded(connection: Any) -> None:
         connection.exec_driver_sql(bound)
 
+    # A pipelined transaction (store/pipeline.py) begins outside SQLAlchemy: it sends the
+    # same statement after its BEGIN, in the same round trip.
+    @event.listens_for(engine, "connect")
+    def _bounds_known(_dbapi_connection: Any, record: Any) -> None:
+        record.info[TRANSACTION_BOUNDS] = bound
+
+
+# The pool record's key for the statement a PostgreSQL transaction starts with (its bounds).
+TRANSACTION_BOUNDS = "mailbag_transaction_bounds"
+
 
 STRICT_SQL_MODE = (
     "SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES')"

@@ -32,6 +32,7 @@ from sqlalchemy.engine import IteratorResult
 from sqlalchemy.engine.result import SimpleResultMetaData
 from sqlalchemy.exc import DBAPIError
 
+from mailbag.store.database import TRANSACTION_BOUNDS
 from mailbag.store.plan import Params, Step, Steps, Together, round_trip
 
 if TYPE_CHECKING:
@@ -152,6 +153,7 @@ async def run(conn: AsyncConnection, steps: Steps[T], first: Together) -> T:
     raw = await conn.get_raw_connection()
     pg = cast("psycopg.AsyncConnection[Any]", raw.driver_connection)
     assert pg.autocommit, "the transaction is this runner's own"
+    bounds: str | None = raw.info.get(TRANSACTION_BOUNDS)  # the engine's statement bounds
     opened = ended = False
     instruction: Step | Together = first
     try:
@@ -160,7 +162,9 @@ async def run(conn: AsyncConnection, steps: Steps[T], first: Together) -> T:
                 raise RuntimeError("a plan yielded SQL after the batch it called its last")
             batch = instruction if isinstance(instruction, Together) else Together((instruction,))
             begin, commit = round_trip(batch, in_transaction=opened)
-            answers = await _send(pg, conn.dialect, batch.steps, begin=begin, commit=commit)
+            answers = await _send(
+                pg, conn.dialect, batch.steps, begin=begin, commit=commit, bounds=bounds
+            )
             opened, ended = (opened or begin) and not commit, batch.last
             if isinstance(instruction, Together):
                 instruction = steps.send(cast(Result[Any], answers))  # see store.plan.Plan
@@ -182,8 +186,11 @@ async def _send(
     *,
     begin: bool,
     commit: bool,
+    bounds: str | None = None,
 ) -> tuple[Result[Any], ...]:
-    """One round trip: BEGIN (if asked), the steps, COMMIT (if asked); their Results."""
+    """One round trip: BEGIN (if asked) and the transaction's `bounds` (its statement and
+    idle timeouts, as every other transaction of the engine starts), the steps, COMMIT (if
+    asked); their Results."""
     import psycopg  # here: only PostgreSQL comes here, and other installs may lack psycopg
 
     statements = [compiled(step.statement, dialect) for step in steps]
@@ -196,6 +203,8 @@ async def _send(
             async with pg.pipeline():
                 if begin:
                     await pg.execute("BEGIN")
+                    if bounds is not None:
+                        await pg.execute(bounds)
                 for cursor, statement, given in zip(cursors, statements, values, strict=True):
                     await cursor.execute(statement.sql, given)
                 if commit:
