@@ -162,6 +162,37 @@ def test_a_run_that_stops_half_way_is_finished_by_running_it_again(cli, db, tmp_
     assert count_rows(db) == (5, 5)
 
 
+def test_ctrl_c_while_a_chunk_is_written_counts_it_once_it_commits(cli, db, tmp_path, monkeypatch):
+    """Ctrl-C reaches the main thread while it waits for a writer: the chunk in flight is
+    committed (or not) all the same, and the count says which."""
+    import signal
+    import time
+
+    from mailbag.cli import bulk
+
+    real = bulk.write_chunk
+
+    def slow(*args: Any) -> Any:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)  # Ctrl-C while the main thread waits
+        time.sleep(0.6)
+        return real(*args)
+
+    def ctrl_c(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bulk, "write_chunk", slow)
+    previous = signal.signal(signal.SIGALRM, ctrl_c)
+    try:
+        path = csv_file(tmp_path, "to,name\nada@example.com,Ada\nbob@example.com,Bob\n")
+        stopped = cli(path, "--template", "welcome")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert stopped.exit_code == 1
+    assert "interrupted after 2 of 2 rows were written" in stopped.stderr, stopped.stderr
+    assert count_rows(db)[0] == 2
+
+
 def test_ctrl_c_while_the_rows_are_checked_writes_nothing(cli, db, tmp_path, monkeypatch):
     from mailbag.cli import bulk
 

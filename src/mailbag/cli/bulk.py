@@ -426,7 +426,8 @@ def write(
 
     def finish_oldest() -> None:
         nonlocal done
-        results = in_flight.pop(0).result()
+        results = in_flight[0].result()  # taken off only once answered: Ctrl-C here leaves
+        in_flight.pop(0)  # it in flight, to be waited for and counted below
         tally(results, counts)
         done += len(results)
         progress.update(task, completed=done)
