@@ -21,38 +21,27 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.common import (
-    ROOT,
     Database,
     counts,
-    free_port,
     scratch_database,
     seed,
+    stand_in_process,
     start_workers,
     stop_workers,
-    wait_for_http,
     wait_until,
+    welcome_emails,
     worker_env,
 )
-from mailbag.clock import utcnow
-from mailbag.compose import OutgoingEmail, rfc_message_id
-from mailbag.domain.content import Address, Recipients
 from mailbag.providers.brevo import SEND_PATH, batch_payload
-from mailbag.templates import builtin
 
 API_KEY = "xkeysib-bench-0000000000000000-brevo-fake"
 DELAY = 0.1  # seconds the stand-in takes to answer a call, as the issue sets
@@ -72,30 +61,10 @@ STARTUP_SECONDS = 3.0
 TARGET = 5000  # emails a second, issue 13's target for one worker
 
 
-@contextmanager
-def brevo_fake(delay: float = DELAY) -> Iterator[str]:
+def brevo_fake(delay: float = DELAY) -> Any:
     """The stand-in in its own process; yields its base URL."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.brevo_fake",
-            f"--port={port}",
-            f"--api-key={API_KEY}",
-            f"--delay={delay}",
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_http(f"{url}/bench/records", process, timeout=20)
-        yield url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
+    args = ["--port={port}", f"--api-key={API_KEY}", f"--delay={delay}"]
+    return stand_in_process("bench.brevo_fake", args, "/bench/records")
 
 
 def records(url: str) -> dict[str, Any]:
@@ -186,30 +155,14 @@ def mailbag_round(db: Database, url: str, n: int, sent_before: int, worker: int)
 def ceiling_bodies(n: int) -> list[bytes]:
     """N emails rendered from the welcome template as the worker renders them, cut into
     1,000-version calls by the provider's own payload builder, JSON-encoded."""
-    catalog = builtin()
-    bodies = []
-    for start in range(0, n, BATCH):
-        emails = []
-        for i in range(start, min(n, start + BATCH)):
-            rendered = catalog.render("welcome", {"name": f"User {i}"})
-            message_id = uuid.uuid4()
-            emails.append(
-                OutgoingEmail(
-                    message_id=message_id,
-                    attempt=1,
-                    tenant_id="default",
-                    from_email=FROM_EMAIL,
-                    from_name="mailbag",
-                    recipients=Recipients(to=(Address(f"user{i}@example.com"),)),
-                    subject=rendered.subject,
-                    html=rendered.html,
-                    text=rendered.text,
-                    rfc_message_id=rfc_message_id(message_id, "example.com"),
-                    date=utcnow(),
-                )
-            )
-        bodies.append(httpx.Request("POST", "/", json=batch_payload(emails)).read())
-    return bodies
+    return [
+        httpx.Request(
+            "POST",
+            "/",
+            json=batch_payload(welcome_emails(start, min(n, start + BATCH), from_email=FROM_EMAIL)),
+        ).read()
+        for start in range(0, n, BATCH)
+    ]
 
 
 async def _post_all(url: str, bodies: list[bytes]) -> None:

@@ -223,3 +223,57 @@ def wait_for_http(url: str, server: subprocess.Popen[bytes], timeout: float = 60
             return False
 
     wait_until(up, timeout=timeout, interval=0.1)
+
+
+@contextmanager
+def stand_in_process(module: str, args: list[str], ready_path: str) -> Iterator[str]:
+    """A benchmark's stand-in server (`python -m module *args`, `{port}` in an argument
+    replaced by a free port) in a process of its own, so its CPU is never the measured
+    process's; yields its base URL once `ready_path` answers."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, *(arg.format(port=port) for arg in args)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_http(f"{url}{ready_path}", process, timeout=20)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=10)
+
+
+def welcome_emails(
+    start: int, stop: int, *, from_email: str, tags: tuple[str, ...] = ()
+) -> list[Any]:
+    """The welcome emails to user{start}..user{stop-1}@example.com, each rendered with its
+    name as the worker composes them (OutgoingEmail)."""
+    from mailbag.compose import OutgoingEmail, rfc_message_id
+    from mailbag.domain.content import Address, Recipients
+    from mailbag.templates import builtin
+
+    catalog = builtin()
+    emails = []
+    for i in range(start, stop):
+        rendered = catalog.render("welcome", {"name": f"User {i}"})
+        message_id = uuid.uuid4()
+        emails.append(
+            OutgoingEmail(
+                message_id=message_id,
+                attempt=1,
+                tenant_id="default",
+                from_email=from_email,
+                from_name="mailbag",
+                recipients=Recipients(to=(Address(f"user{i}@example.com"),)),
+                subject=rendered.subject,
+                html=rendered.html,
+                text=rendered.text,
+                rfc_message_id=rfc_message_id(message_id, "example.com"),
+                date=utcnow(),
+                tags=list(tags),
+            )
+        )
+    return emails

@@ -42,16 +42,11 @@ import base64
 import gc
 import itertools
 import json
-import os
 import re
-import signal
 import statistics
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,18 +54,15 @@ import orjson
 
 from bench.brevo_batch import API_KEY, brevo_fake, reset, tally
 from bench.brevo_fake import MESSAGE_ID_HEADER, Receive, Scope, Send
-from bench.common import ROOT, free_port, wait_for_http
-from mailbag.clock import utcnow
-from mailbag.compose import OutgoingEmail, rfc_message_id
+from bench.common import ROOT, stand_in_process, welcome_emails
+from mailbag.compose import OutgoingEmail
 from mailbag.domain import delivery
-from mailbag.domain.content import Address, Recipients
 from mailbag.providers.base import Provider
 from mailbag.providers.brevo import BrevoProvider
 from mailbag.providers.mailgun import MailgunProvider
 from mailbag.providers.postmark import PostmarkProvider
 from mailbag.providers.resend import ResendProvider
 from mailbag.providers.sendgrid import SendGridProvider
-from mailbag.templates import builtin
 
 RESULTS = ROOT / "bench" / "results" / "provider_cpu.json"
 PROVIDERS = ("brevo", "postmark", "resend", "sendgrid", "mailgun")
@@ -205,23 +197,9 @@ def serve(port: int) -> None:
     )
 
 
-@contextmanager
-def stand_in() -> Iterator[str]:
+def stand_in() -> Any:
     """The stand-in in its own process; yields its base URL."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bench.provider_cpu", f"--serve={port}"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_http(f"{url}/bench/records", process, timeout=20)
-        yield url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
+    return stand_in_process("bench.provider_cpu", ["--serve={port}"], "/bench/records")
 
 
 # --- the measured side ------------------------------------------------------------------
@@ -229,28 +207,7 @@ def stand_in() -> Iterator[str]:
 
 def outgoing(n: int) -> list[OutgoingEmail]:
     """N welcome emails as the worker composes them, to user0..user{N-1}@example.com."""
-    catalog = builtin()
-    emails = []
-    for i in range(n):
-        rendered = catalog.render("welcome", {"name": f"User {i}"})
-        message_id = uuid.uuid4()
-        emails.append(
-            OutgoingEmail(
-                message_id=message_id,
-                attempt=1,
-                tenant_id="default",
-                from_email=FROM_EMAIL,
-                from_name="mailbag",
-                recipients=Recipients(to=(Address(f"user{i}@example.com"),)),
-                subject=rendered.subject,
-                html=rendered.html,
-                text=rendered.text,
-                rfc_message_id=rfc_message_id(message_id, "example.com"),
-                date=utcnow(),
-                tags=["welcome"],
-            )
-        )
-    return emails
+    return welcome_emails(0, n, from_email=FROM_EMAIL, tags=("welcome",))
 
 
 def providers(brevo_url: str, url: str) -> dict[str, Provider]:

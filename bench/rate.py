@@ -24,15 +24,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from bisect import bisect_left
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +36,13 @@ from sqlalchemy import func, select
 
 from bench.brevo_fake import SEND_PATH, Fake, Receive, Scope, Send
 from bench.common import (
-    ROOT,
     Database,
     counts,
-    free_port,
     scratch_database,
     seed,
+    stand_in_process,
     start_workers,
     stop_workers,
-    wait_for_http,
     wait_until,
     worker_env,
 )
@@ -132,23 +125,9 @@ async def _answer(
     await send({"type": "http.response.body", "body": payload})
 
 
-@contextmanager
-def limited_fake() -> Iterator[str]:
+def limited_fake() -> Any:
     """The stand-in in its own process; yields its base URL."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bench.rate", "--serve", f"--port={port}"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_http(f"{url}/bench/rate", process, timeout=20)
-        yield url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
+    return stand_in_process("bench.rate", ["--serve", "--port={port}"], "/bench/rate")
 
 
 def most_in_any_second(times: list[float]) -> int:
