@@ -116,6 +116,13 @@ def test_what_orjson_cannot_write_goes_by_the_executemany(db: TestDB) -> None:
     assert stored["small"]["template_data"]["name"] == "Zoë"
 
 
+def test_a_non_text_key_goes_by_the_executemany_as_json_writes_it(db: TestDB) -> None:
+    # orjson refuses a key that is not text; the stdlib JSON the executemany uses makes it one.
+    with db.engine.begin() as conn:
+        Session(conn).run(_write([_row("int-key", metadata={1: "one"}), _row("other")]))
+    assert _stored(db)["int-key"]["metadata"] == {"1": "one"}
+
+
 def test_a_naive_time_is_refused_on_every_path(db: TestDB) -> None:
     with pytest.raises(Exception, match="aware datetimes only"), db.engine.begin() as conn:
         Session(conn).run(_write([_row("naive", created_at=NOW.replace(tzinfo=None))]))
